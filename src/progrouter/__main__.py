@@ -1,0 +1,3 @@
+from progrouter.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,360 @@
+"""Router and Program-scheduling configuration (pydantic v2).
+
+Every field, default and constraint of ``spec/program_scheduling.md`` lives here, with the validation rules of
+``spec/upstream-behavior.md`` §7. Unlike upstream, unknown keys are an error that names them: a misspelt knob
+that is silently ignored is a scheduling bug nobody can see.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+REFERENCE_PREFILL_TOKENS = 50_000
+REFERENCE_DECODE_BATCH_SIZE = 4
+REFERENCE_DECODE_CONTEXT_TOKENS_PER_REQUEST = 50_000
+CALIBRATION_DOCS = "docs/calibration.md"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the offending field."""
+
+
+class EnableKey(str, Enum):
+    CANONICAL = "vllm_xargs.agentic_context"
+    AUTO = "auto"
+
+
+class ResumeOrder(str, Enum):
+    MRU = "mru"
+    FCFS = "fcfs"
+
+
+class BindingStrategy(str, Enum):
+    CONSISTENT_HASH = "consistent_hash"
+    PROGRAM_ROUND_ROBIN = "program_round_robin"
+    LEAST_PROGRAM_COUNT = "least_program_count"
+    REASONING_TOKEN_BALANCE = "reasoning_token_balance"
+    CACHE_AWARE = "cache_aware"
+
+
+class Policy(str, Enum):
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+    CONSISTENT_HASH = "consistent_hash"
+    POWER_OF_TWO = "power_of_two"
+    CACHE_AWARE = "cache_aware"
+
+
+def _finite(name: str, value: float, *, positive: bool = False) -> float:
+    if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        raise ValueError(f"{name}: Must be finite and {'> 0' if positive else '>= 0'}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_enum_values=False)
+
+
+class PrefillCostModel(_Strict):
+    """Cold-prefill seconds = intercept + linear·x + quadratic·x², x = uncached tokens / 1000."""
+
+    intercept_seconds: float = 0.06600061907132926
+    linear_seconds_per_1k_tokens: float = 0.05702024012166613
+    quadratic_seconds_per_1k_tokens_squared: float = 0.0044057347937978475
+    decode_throughput_alpha: float = 0.15
+
+    @field_validator(
+        "intercept_seconds", "linear_seconds_per_1k_tokens", "quadratic_seconds_per_1k_tokens_squared"
+    )
+    @classmethod
+    def _non_negative(cls, v: float, info: Any) -> float:
+        return _finite(f"prefill_cost_model.{info.field_name}", v)
+
+    @field_validator("decode_throughput_alpha")
+    @classmethod
+    def _alpha(cls, v: float) -> float:
+        if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+            raise ValueError(
+                "prefill_cost_model.decode_throughput_alpha: Must be finite and between 0 and 1 inclusive"
+            )
+        return v
+
+    def prefill_seconds(self, uncached_tokens: float) -> float:
+        """Modelled cold-prefill time of ``uncached_tokens`` (0 for none)."""
+        if uncached_tokens <= 0:
+            return 0.0
+        x = uncached_tokens / 1000.0
+        return (
+            self.intercept_seconds
+            + self.linear_seconds_per_1k_tokens * x
+            + self.quadratic_seconds_per_1k_tokens_squared * x * x
+        )
+
+    def cache_miss_impact_seconds(self, uncached_tokens: float) -> float:
+        """Prefill time plus the decode interference of mixing it into the batch."""
+        return self.prefill_seconds(uncached_tokens) * (2.0 - self.decode_throughput_alpha)
+
+
+class DecodeThroughputModel(_Strict):
+    """Decode step seconds = fixed + batch·B + context·C (C = sum of full contexts)."""
+
+    fixed_step_seconds: float = 0.010635218423115973
+    batch_step_seconds_per_request: float = 0.0004192803698834784
+    context_step_seconds_per_token: float = 1.420458414996201e-7
+
+    @field_validator("fixed_step_seconds")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        return _finite("decode_throughput_model.fixed_step_seconds", v, positive=True)
+
+    @field_validator("batch_step_seconds_per_request", "context_step_seconds_per_token")
+    @classmethod
+    def _non_negative(cls, v: float, info: Any) -> float:
+        return _finite(f"decode_throughput_model.{info.field_name}", v)
+
+    def step_seconds(self, batch_size: float, context_tokens: float) -> float:
+        return (
+            self.fixed_step_seconds
+            + self.batch_step_seconds_per_request * batch_size
+            + self.context_step_seconds_per_token * context_tokens
+        )
+
+    def throughput(self, batch_size: float, context_tokens: float) -> float:
+        """Aggregate decode tokens/s of a batch of ``batch_size`` with ``context_tokens`` in total."""
+        if batch_size <= 0:
+            return 0.0
+        return batch_size / self.step_seconds(batch_size, context_tokens)
+
+
+CALIBRATION_FIELDS: tuple[tuple[str, str], ...] = (
+    ("prefill_cost_model", "intercept_seconds"),
+    ("prefill_cost_model", "linear_seconds_per_1k_tokens"),
+    ("prefill_cost_model", "quadratic_seconds_per_1k_tokens_squared"),
+    ("prefill_cost_model", "decode_throughput_alpha"),
+    ("decode_throughput_model", "fixed_step_seconds"),
+    ("decode_throughput_model", "batch_step_seconds_per_request"),
+    ("decode_throughput_model", "context_step_seconds_per_token"),
+)
+
+
+class ProgramSchedulingConfig(_Strict):
+    """Every knob of Program scheduling; defaults are the spec's."""
+
+    program_scheduling_enable_key: EnableKey = Field(
+        default=EnableKey.CANONICAL,
+        validation_alias=AliasChoices("program_scheduling_enable_key", "enable_key"),
+    )
+    binding_only: bool = False
+    global_queue: bool = False
+    resume_order: ResumeOrder = ResumeOrder.MRU
+    cross_rank_headroom_ratio: float = 1.2
+    binding_strategy: BindingStrategy = BindingStrategy.CONSISTENT_HASH
+    hash_virtual_nodes: int = 160
+    token_capacity_per_dp_rank: int | None = Field(
+        default=None,
+        validation_alias=AliasChoices("token_capacity_per_dp_rank", "token_capacity_per_target"),
+    )
+    max_active_programs_per_target: int = 64
+    metrics_interval_seconds: float = 1.0
+    admission_waiting_request_threshold: int = Field(default=1, ge=0)
+    queue_timeout_seconds: float = 600.0
+    force_resume_timeout_seconds: float = 300.0
+    paused_retention_ttl_seconds: float = 1800.0
+    shared_prefix_freshness_warmup_seconds: float = 100.0
+    shared_prefix_freshness_kv_turnovers: float = 2.0
+    decode_buffer_tokens: int = Field(default=100, ge=0)
+    max_acting_ttl_seconds: float = 10.0
+    high_watermark_ratio: float = 1.0
+    low_watermark_ratio: float = 1.0
+    max_segment_rounds: int = 14
+    stats_window_size: int = 100
+    enable_batch_gain_admission: bool = True
+    prefill_cost_model: PrefillCostModel = Field(default_factory=PrefillCostModel)
+    decode_throughput_model: DecodeThroughputModel = Field(default_factory=DecodeThroughputModel)
+
+    @field_validator(
+        "metrics_interval_seconds",
+        "queue_timeout_seconds",
+        "force_resume_timeout_seconds",
+        "paused_retention_ttl_seconds",
+        "shared_prefix_freshness_kv_turnovers",
+    )
+    @classmethod
+    def _positive(cls, v: float, info: Any) -> float:
+        return _finite(str(info.field_name), v, positive=True)
+
+    @field_validator("max_acting_ttl_seconds", "shared_prefix_freshness_warmup_seconds")
+    @classmethod
+    def _non_negative(cls, v: float, info: Any) -> float:
+        return _finite(str(info.field_name), v)
+
+    @field_validator(
+        "hash_virtual_nodes",
+        "max_active_programs_per_target",
+        "stats_window_size",
+        "max_segment_rounds",
+        "token_capacity_per_dp_rank",
+    )
+    @classmethod
+    def _count(cls, v: int | None, info: Any) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(
+                f"{info.field_name}: Program scheduling counts and configured token capacity must be > 0"
+            )
+        return v
+
+    @field_validator("cross_rank_headroom_ratio")
+    @classmethod
+    def _headroom(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 1.0:
+            raise ValueError("cross_rank_headroom_ratio must be finite and >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> ProgramSchedulingConfig:
+        low, high = self.low_watermark_ratio, self.high_watermark_ratio
+        if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low <= high <= 1.0):
+            raise ValueError(
+                "low_watermark_ratio/high_watermark_ratio: Program scheduling watermarks must satisfy "
+                "0 < low <= high <= 1"
+            )
+        if self.force_resume_timeout_seconds > self.queue_timeout_seconds:
+            raise ValueError(
+                "force_resume_timeout_seconds must not exceed queue_timeout_seconds"
+            )
+        if (
+            self.binding_strategy is BindingStrategy.REASONING_TOKEN_BALANCE
+            and self.token_capacity_per_dp_rank is None
+        ):
+            raise ValueError(
+                "binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank"
+            )
+        return self
+
+    def defaulted_calibration_fields(self) -> list[str]:
+        """Dotted names of the seven coefficients that were not given explicitly."""
+        out = []
+        for group, name in CALIBRATION_FIELDS:
+            explicit = name in getattr(self, group).model_fields_set and group in self.model_fields_set
+            if not explicit:
+                out.append(f"{group}.{name}")
+        return out
+
+    def reference_calibration_warning(self) -> dict[str, Any] | None:
+        """The fields of the ``program_scheduling_reference_calibration`` warning, or None if not due."""
+        if self.binding_only:
+            return None
+        defaulted = self.defaulted_calibration_fields()
+        if not defaulted:
+            return None
+        context = REFERENCE_DECODE_BATCH_SIZE * REFERENCE_DECODE_CONTEXT_TOKENS_PER_REQUEST
+        return {
+            "event": "program_scheduling_reference_calibration",
+            "defaulted_fields": defaulted,
+            "reference_prefill_tokens": REFERENCE_PREFILL_TOKENS,
+            "reference_prefill_seconds": self.prefill_cost_model.prefill_seconds(REFERENCE_PREFILL_TOKENS),
+            "reference_decode_batch_size": REFERENCE_DECODE_BATCH_SIZE,
+            "reference_decode_context_tokens_per_request": REFERENCE_DECODE_CONTEXT_TOKENS_PER_REQUEST,
+            "reference_decode_context_tokens": context,
+            "reference_decode_throughput_tokens_per_second": self.decode_throughput_model.throughput(
+                REFERENCE_DECODE_BATCH_SIZE, context
+            ),
+            "calibration_docs": CALIBRATION_DOCS,
+        }
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Serialized form: canonical key names only (the capacity alias is never emitted)."""
+        return self.model_dump(mode="json", by_alias=False)
+
+    @classmethod
+    def resolve(cls, enabled: bool, raw_json: str | None) -> ProgramSchedulingConfig | None:
+        """The CLI contract: the JSON is configuration only and needs the explicit enable flag."""
+        if not enabled:
+            if raw_json is not None:
+                raise ConfigError(
+                    "program_scheduling_config_json requires enable_program_scheduling "
+                    "(pass --enable-program-scheduling)"
+                )
+            return None
+        if raw_json is None:
+            return cls()
+        try:
+            data = json.loads(raw_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"Invalid program_scheduling_config_json: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError("Invalid program_scheduling_config_json: expected a JSON object")
+        return parse_config(cls, data, prefix="program_scheduling_config_json")
+
+
+class RouterConfig(_Strict):
+    """The router as a whole: what `progrouter serve` builds from its flags, and library users build directly."""
+
+    worker_urls: list[str] = Field(min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=0, le=65535)
+    policy: Policy = Policy.CACHE_AWARE
+    intra_node_data_parallel_size: int = Field(default=1, ge=1)
+    api_key: str | None = None
+    model_name: str | None = None
+    cache_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
+    balance_abs_threshold: int = Field(default=64, ge=0)
+    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
+    max_tree_size: int = Field(default=2**20, gt=0)
+    max_payload_size: int = Field(default=512 * 1024 * 1024, gt=0)
+    request_timeout_secs: float = Field(default=1800.0, gt=0)
+    retry_max_retries: int = Field(default=0, ge=0)
+    health_check_interval_secs: float = Field(default=60.0, gt=0)
+    health_check_timeout_secs: float = Field(default=5.0, gt=0)
+    health_check_endpoint: str = "/health"
+    health_failure_threshold: int = Field(default=3, ge=1)
+    health_success_threshold: int = Field(default=2, ge=1)
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int | None = Field(default=29000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    program_scheduling: ProgramSchedulingConfig | None = None
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not (url.startswith("http://") or url.startswith("https://")):
+                raise ValueError(f"worker_urls: {url!r} is not an http(s) URL")
+        return [u.rstrip("/") for u in v]
+
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_config(cls: type[M], data: dict[str, Any], *, prefix: str) -> M:
+    """Validate ``data`` as ``cls``; errors become one ConfigError naming every bad field."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"Invalid {prefix}: {describe_validation_error(exc)}") from exc
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {loc!r}")
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
