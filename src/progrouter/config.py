@@ -232,16 +232,12 @@ class ProgramSchedulingConfig(_Strict):
                 "0 < low <= high <= 1"
             )
         if self.force_resume_timeout_seconds > self.queue_timeout_seconds:
-            raise ValueError(
-                "force_resume_timeout_seconds must not exceed queue_timeout_seconds"
-            )
+            raise ValueError("force_resume_timeout_seconds must not exceed queue_timeout_seconds")
         if (
             self.binding_strategy is BindingStrategy.REASONING_TOKEN_BALANCE
             and self.token_capacity_per_dp_rank is None
         ):
-            raise ValueError(
-                "binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank"
-            )
+            raise ValueError("binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank")
         return self
 
     def defaulted_calibration_fields(self) -> list[str]:
@@ -334,7 +330,6 @@ class RouterConfig(_Strict):
             if not (url.startswith("http://") or url.startswith("https://")):
                 raise ValueError(f"worker_urls: {url!r} is not an http(s) URL")
         return [u.rstrip("/") for u in v]
-
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -1,0 +1,94 @@
+"""Value types shared by identity extraction, the scheduler core and the shells that drive it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ScheduleError(Exception):
+    """A request Program scheduling refuses; ``status`` is the HTTP status the shell answers with."""
+
+    status: int = 500
+
+
+class InvalidIdentity(ScheduleError):
+    status = 400
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid Program identity: {reason}")
+        self.reason = reason
+
+
+class NoTargets(ScheduleError):
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("no healthy DP targets are available")
+
+
+class QueueTimeout(ScheduleError):
+    status = 429
+
+    def __init__(self) -> None:
+        super().__init__("Program request exceeded its admission queue timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramIdentity:
+    """Who a request belongs to. ``program_id`` is the Program key within its model pool."""
+
+    program_id: str
+    placement_key: str
+    placement_hash_key: str
+    task_id: str | None = None
+    session_id: str | None = None
+    agent_id: str | None = None
+    agent_role: str | None = None
+    parent_program_id: str | None = None
+    root_program_id: str | None = None
+    blocks_parent: bool = False
+    expected_resume: bool = True
+    spawn_reason: str | None = None
+    step_id: int | None = None
+    source: str = "agentic_context"  # agentic_context | agent_hint | header:<schema>
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHints:
+    """Request-scoped hints: they travel with exactly one RequestPool entry and its dispatch."""
+
+    request_id: str | None = None
+    priority: int = 0
+    deadline_seconds: float | None = None
+    expected_output_tokens: int | None = None
+    kv_retention_ttl_seconds: float | None = None
+
+
+@dataclass(slots=True)
+class UsageObservation:
+    """Token usage a backend reported for one request. Fields only grow when merged (streams repeat usage)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    def merge(self, other: UsageObservation) -> None:
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            new = getattr(other, name)
+            old = getattr(self, name)
+            if new is not None and (old is None or new > old):
+                setattr(self, name, new)
+
+    @property
+    def empty(self) -> bool:
+        return self.prompt_tokens is None and self.completion_tokens is None and self.cached_tokens is None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendObservation:
+    """vLLM's own view of one Rank, scraped from ``/metrics`` (per ``engine`` label)."""
+
+    kv_cache_usage: float
+    running: int
+    waiting: int
+    extra: dict[str, float] = field(default_factory=dict)
