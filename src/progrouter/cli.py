@@ -35,7 +35,7 @@ def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | N
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser, chosen = _build_parser(args_list)
+    parser, _chosen = _build_parser(args_list)
     args = parser.parse_args(args_list)
     if args.command is None:
         parser.print_help()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from pydantic import (
@@ -32,17 +32,17 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the offending field."""
 
 
-class EnableKey(str, Enum):
+class EnableKey(StrEnum):
     CANONICAL = "vllm_xargs.agentic_context"
     AUTO = "auto"
 
 
-class ResumeOrder(str, Enum):
+class ResumeOrder(StrEnum):
     MRU = "mru"
     FCFS = "fcfs"
 
 
-class BindingStrategy(str, Enum):
+class BindingStrategy(StrEnum):
     CONSISTENT_HASH = "consistent_hash"
     PROGRAM_ROUND_ROBIN = "program_round_robin"
     LEAST_PROGRAM_COUNT = "least_program_count"
@@ -50,7 +50,7 @@ class BindingStrategy(str, Enum):
     CACHE_AWARE = "cache_aware"
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     RANDOM = "random"
     ROUND_ROBIN = "round_robin"
     CONSISTENT_HASH = "consistent_hash"
@@ -297,7 +297,7 @@ class ProgramSchedulingConfig(_Strict):
 
 
 class RouterConfig(_Strict):
-    """The router as a whole: what `progrouter serve` builds from its flags, and library users build directly."""
+    """The whole router: what `progrouter serve` builds from its flags; library users build it directly."""
 
     worker_urls: list[str] = Field(min_length=1)
     host: str = "127.0.0.1"
