@@ -1,0 +1,81 @@
+"""The native consistent-hash key of a request (upstream ``policies/hash_key.rs``).
+
+Priority: a session-like header, then a session/user field of the JSON body, then the body itself (hashed
+when longer than 100 bytes). Program binding reuses this key as the second half of its placement hash key,
+so a Program and the plain requests of the same ``x-session-id`` land on the same Rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from progrouter.routing.hash_ring import stable_hash64
+
+SESSION_HEADER_NAMES: tuple[str, ...] = (
+    "x-session-id",
+    "x-user-id",
+    "x-tenant-id",
+    "x-correlation-id",  # per session: before the per-request ids
+    "x-request-id",
+    "x-trace-id",
+)
+# (path in the body, key prefix), in priority order.
+_BODY_FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("session_params", "session_id"), "session"),
+    (("user",), "user"),
+    (("session_id",), "session"),
+    (("user_id",), "user"),
+)
+_LONG_BODY_BYTES = 100
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        # Plain dicts are case-sensitive; aiohttp's CIMultiDict answers the first lookup already.
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value or None
+
+
+def _identifier(value: Any) -> str | None:
+    """Strings and integers identify a session; anything else (objects, bools, empty strings) does not."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def header_hash_key(headers: Mapping[str, str]) -> str | None:
+    """``header:<name>:<value>`` for the first session-like header present, else None."""
+    for name in SESSION_HEADER_NAMES:
+        value = _header(headers, name)
+        if value is not None:
+            return f"header:{name}:{value}"
+    return None
+
+
+def body_hash_key(body: Mapping[str, Any] | None) -> str | None:
+    """``session:<id>`` or ``user:<id>`` from the first session/user field of the body, else None."""
+    if body is None:
+        return None
+    for path, prefix in _BODY_FIELDS:
+        node: Any = body
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        ident = _identifier(node)
+        if ident is not None:
+            return f"{prefix}:{ident}"
+    return None
+
+
+def native_hash_key(headers: Mapping[str, str], body: Mapping[str, Any] | None, raw_body: bytes) -> str:
+    """The consistent_hash key: header, then body field, then the body itself."""
+    key = header_hash_key(headers) or body_hash_key(body)
+    if key is not None:
+        return key
+    text = raw_body.decode("utf-8", "replace")
+    if len(raw_body) > _LONG_BODY_BYTES:
+        return f"request_hash:{stable_hash64(text):016x}"
+    return f"request:{text}"
