@@ -1,0 +1,465 @@
+"""Request → Program identity and request hints (upstream ``identity.rs``, spec §3.1).
+
+Theory of operation: a request opts into Program scheduling only through the configured enable key. Under
+the default key (``vllm_xargs.agentic_context``) only the canonical body context does; under ``auto`` the
+sources are tried in strict precedence — canonical context, then ``agent_hint``, then exactly one framework
+header schema (Claude Code, Codex/OpenCode, generic ``x-session-id``) — and never mixed. Anything recognised
+but malformed is an ``InvalidIdentity`` (HTTP 400) carrying upstream's reason; anything unrecognised is
+``None`` (native path).
+
+Rules that fence this module in: it is sans-I/O and stateless. ``step_id`` is returned as sent (``None`` when
+omitted); numbering omitted steps needs per-Program memory and belongs to the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from progrouter.config import EnableKey
+from progrouter.program.types import InvalidIdentity, ProgramIdentity, RequestHints
+from progrouter.routing.hash_key import native_hash_key
+
+MAX_IDENTITY_COMPONENT_BYTES = 256
+MAX_PLACEMENT_HASH_KEY_BYTES = 512
+MAX_AGENTIC_CONTEXT_BYTES = 16 * 1024
+
+CLAUDE_SESSION_HEADER = "x-claude-code-session-id"
+CLAUDE_AGENT_HEADER = "x-claude-code-agent-id"
+CLAUDE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
+CODEX_SESSION_HEADER = "session-id"
+CODEX_THREAD_HEADER = "thread-id"
+GENERIC_SESSION_HEADER = "x-session-id"
+
+SOURCE_AGENTIC_CONTEXT = "agentic_context"
+SOURCE_AGENT_HINT = "agent_hint"
+
+
+@dataclass(frozen=True, slots=True)
+class _HeaderSchema:
+    name: str
+    session: str
+    agent: str | None
+    parent: str | None
+
+
+# Strict precedence: the first schema whose session header is present wins; schemas are never mixed.
+HEADER_SCHEMAS: tuple[_HeaderSchema, ...] = (
+    _HeaderSchema("claude_code", CLAUDE_SESSION_HEADER, CLAUDE_AGENT_HEADER, CLAUDE_PARENT_AGENT_HEADER),
+    _HeaderSchema("codex", CODEX_SESSION_HEADER, CODEX_THREAD_HEADER, None),
+    _HeaderSchema("generic", GENERIC_SESSION_HEADER, None, None),
+)
+_SCHEMA_HEADERS = frozenset(
+    name for s in HEADER_SCHEMAS for name in (s.session, s.agent, s.parent) if name is not None
+)
+# Session headers that make the placement hash key agree with native consistent-hash routing.
+_PLACEMENT_SESSION_HEADERS = (CLAUDE_SESSION_HEADER, CODEX_SESSION_HEADER, GENERIC_SESSION_HEADER)
+
+_I64_MIN, _I64_MAX, _U64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityResult:
+    """What a request told us: who it belongs to, its request-scoped hints, and which input said so."""
+
+    identity: ProgramIdentity
+    hints: RequestHints
+    source: str  # agentic_context | agent_hint | header:claude_code | header:codex | header:generic
+
+
+@dataclass(frozen=True, slots=True)
+class _FrameworkHeaders:
+    schema: str | None = None
+    session: str | None = None
+    agent: str | None = None
+    parent_agent: str | None = None
+
+
+def extract_identity(
+    body: Mapping[str, Any] | None,
+    headers: Mapping[str, str],
+    enable_key: EnableKey | str,
+    *,
+    raw_body: bytes | None = None,
+    model_pool: str | None = None,
+) -> IdentityResult | None:
+    """Resolve the request's Program identity, or None when it takes the native (identity-free) path.
+
+    ``raw_body`` feeds the native hash key fallback (re-serialised from ``body`` when omitted);
+    ``model_pool`` is only bounds-checked here, as upstream persists it with the identity.
+    Raises ``InvalidIdentity`` for a recognised but malformed identity.
+    """
+    enable_key = EnableKey(enable_key)
+    request = body if isinstance(body, Mapping) else None
+    lowered = _lower_headers(headers)
+    canonical = _canonical_context(request)
+    if canonical is None and enable_key is not EnableKey.AUTO:
+        return None
+    resolved: tuple[ProgramIdentity, RequestHints] | None
+    if canonical is not None:
+        resolved = _canonical_identity(canonical, lowered)
+    else:
+        resolved = _agent_hint_identity(request) or _header_identity(lowered)
+    if resolved is None:
+        return None
+    identity, hints = resolved
+    if model_pool is not None:
+        _check_bounds((("model pool", model_pool),))
+    hash_key = _placement_hash_key(headers, lowered, request, raw_body)
+    if len(hash_key.encode()) > MAX_PLACEMENT_HASH_KEY_BYTES:
+        raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
+    identity = _replace_hash_key(identity, hash_key)
+    _check_bounds(
+        (
+            ("model_pool", model_pool),
+            ("program_id", identity.program_id),
+            ("placement_key", identity.placement_key),
+            ("task_id", identity.task_id),
+            ("session_id", identity.session_id),
+            ("agent_id", identity.agent_id),
+            ("parent_program_id", identity.parent_program_id),
+            ("root_program_id", identity.root_program_id),
+            ("agent_role", identity.agent_role),
+            ("spawn_reason", identity.spawn_reason),
+            ("request_id", hints.request_id),
+        )
+    )
+    return IdentityResult(identity, hints, identity.source)
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+
+def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The decoded ``vllm_xargs.agentic_context`` object (object or JSON-encoded string), or None."""
+    if request is None:
+        return None
+    xargs = request.get("vllm_xargs")
+    if xargs is None:
+        return None
+    if not isinstance(xargs, Mapping):
+        raise InvalidIdentity("vllm_xargs must be an object")
+    raw = xargs.get("agentic_context")
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        # Stock vLLM accepts only scalar vllm_xargs values, so agents send the context as a JSON string.
+        encoded = raw.encode()
+        if len(encoded) > MAX_AGENTIC_CONTEXT_BYTES:
+            raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object")
+        try:
+            raw = orjson.loads(encoded)
+        except orjson.JSONDecodeError:
+            raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
+    if not isinstance(raw, Mapping):
+        raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
+    return raw
+
+
+def _canonical_identity(
+    context: Mapping[str, Any], headers: Mapping[str, str]
+) -> tuple[ProgramIdentity, RequestHints] | None:
+    framework = _framework_headers(headers)
+    explicit_program_id = _string(context, "program_id")
+    body_task_id = _string(context, "task_id")
+    session_id = _string(context, "session_id") or framework.session
+    # An explicit program_id with an explicit (even null) task_id means "no task": do not borrow the session.
+    if body_task_id is not None or (explicit_program_id is not None and "task_id" in context):
+        task_id = body_task_id
+    else:
+        task_id = session_id
+
+    agent_id = _string(context, "agent_id") or framework.agent
+    if agent_id is None and task_id is not None:
+        agent_id = "lead"
+    agent_id = _normalized_agent(task_id, agent_id)
+    agent_role = _string(context, "agent_role")
+    if agent_role is None and agent_id is not None:
+        agent_role = "lead" if agent_id == "lead" else "subagent"
+
+    program_id = explicit_program_id
+    if program_id is None and task_id is not None and agent_id is not None:
+        program_id = _scoped_program_id(task_id, agent_id)
+    if program_id is None:
+        return None
+    placement_key = task_id or session_id or program_id
+    _check_bounds((("program_id", program_id), ("placement key", placement_key)))
+
+    parent_program_id = _string(context, "parent_program_id", "parent_id")
+    parent_agent = _string(context, "parent_agent_id") or framework.parent_agent
+    parent_agent = _normalized_agent(task_id, parent_agent)
+    if parent_program_id is None and parent_agent is not None:
+        parent_program_id = _related_program_id(program_id, agent_id, parent_agent, task_id)
+    if parent_program_id is None and agent_role == "subagent":
+        parent_program_id = _related_program_id(program_id, agent_id, "lead", task_id)
+    root_program_id = _string(context, "root_program_id", "root_id")
+    blocks_parent = _bool(context, "blocks_parent", "blocking_parent")
+    if blocks_parent is None:
+        blocks_parent = agent_role == "subagent"
+    if parent_program_id == program_id:
+        raise InvalidIdentity("parent_program_id must differ from program_id")
+    if blocks_parent and parent_program_id is None:
+        raise InvalidIdentity("blocks_parent requires parent_program_id")
+    expected_resume = _bool(context, "expected_resume")
+    if expected_resume is None:
+        # A blocking subagent is expected to finish and hand control back, not to come back itself.
+        expected_resume = not (blocks_parent and agent_role == "subagent")
+
+    identity = ProgramIdentity(
+        program_id=program_id,
+        placement_key=placement_key,
+        placement_hash_key=placement_key,
+        task_id=task_id,
+        session_id=session_id,
+        agent_id=agent_id,
+        agent_role=agent_role,
+        parent_program_id=parent_program_id,
+        root_program_id=root_program_id,
+        blocks_parent=blocks_parent,
+        expected_resume=expected_resume,
+        spawn_reason=_string(context, "spawn_reason", "subagent_type", "agent_type"),
+        step_id=_u64(context, "step_id"),
+        source=SOURCE_AGENTIC_CONTEXT,
+    )
+    hints = RequestHints(
+        request_id=_string(context, "request_id"),
+        priority=_i64(context, "priority") or 0,
+        deadline_seconds=_duration(context, "deadline", "deadline_seconds"),
+        expected_output_tokens=_u64(context, "expected_output_length", "expected_output_tokens"),
+        kv_retention_ttl_seconds=_duration(context, "kv_retention_ttl", "kv_retention_ttl_seconds"),
+    )
+    return identity, hints
+
+
+def _agent_hint_identity(request: Mapping[str, Any] | None) -> tuple[ProgramIdentity, RequestHints] | None:
+    """Dynamo-style ``agent_hint``: the session is the Program; blocking children must name their parent."""
+    raw = request.get("agent_hint") if request is not None else None
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidIdentity("agent_hint must be an object")
+    session_id = _string(raw, "session_id")
+    if session_id is None:
+        raise InvalidIdentity("agent_hint.session_id is required")
+    parent = _string(raw, "parent_session_id")
+    blocks_parent = _bool(raw, "blocks_parent")
+    if blocks_parent is None:
+        blocks_parent = True
+    if blocks_parent and parent is None:
+        raise InvalidIdentity("blocking agent_hint requires parent_session_id")
+    expected_resume = _bool(raw, "expected_resume")
+    if expected_resume is None:
+        expected_resume = not blocks_parent
+    _check_bounds((("program_id", session_id), ("placement key", session_id)))
+    identity = ProgramIdentity(
+        program_id=session_id,
+        placement_key=session_id,
+        placement_hash_key=session_id,
+        session_id=session_id,
+        parent_program_id=parent,
+        blocks_parent=blocks_parent,
+        expected_resume=expected_resume,
+        source=SOURCE_AGENT_HINT,
+    )
+    return identity, RequestHints()
+
+
+def _header_identity(headers: Mapping[str, str]) -> tuple[ProgramIdentity, RequestHints] | None:
+    """Identity from one framework header schema alone (``auto`` only)."""
+    framework = _framework_headers(headers)
+    session = framework.session
+    if session is None:
+        return None
+    actor = _normalized_agent(session, framework.agent)
+    is_lead = actor is None or actor == "lead"
+    program_id = _scoped_program_id(session, actor)
+    _check_bounds((("program_id", program_id), ("placement key", session)))
+    role = "lead" if is_lead else "subagent"
+    parent_agent = _normalized_agent(session, framework.parent_agent)
+    if parent_agent is not None:
+        parent: str | None = _scoped_program_id(session, parent_agent)
+    else:
+        parent = None if is_lead else _scoped_program_id(session, "lead")
+    identity = ProgramIdentity(
+        program_id=program_id,
+        placement_key=session,
+        placement_hash_key=session,
+        task_id=session,
+        session_id=session,
+        agent_id=actor,
+        agent_role=role,
+        parent_program_id=parent,
+        blocks_parent=not is_lead,
+        # Codex ``thread-id=worker`` is a worker thread that is not expected to come back.
+        expected_resume=is_lead,
+        source=f"header:{framework.schema}",
+    )
+    return identity, RequestHints()
+
+
+# ----------------------------------------------------------------------------------------------- headers
+
+
+def _lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The schema headers under lower-case names (first one wins), whatever the mapping's case rules."""
+    out: dict[str, str] = {}
+    for key, value in headers.items():
+        name = key.lower()
+        if name in _SCHEMA_HEADERS and name not in out:
+            out[name] = value
+    return out
+
+
+def _header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """Trimmed, non-empty header value; a value that is not visible ASCII is an error, as in ``http``."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    if not all(ch == "\t" or " " <= ch <= "~" for ch in value):
+        raise InvalidIdentity(f"Invalid {name} header")
+    return value.strip() or None
+
+
+def _framework_headers(headers: Mapping[str, str]) -> _FrameworkHeaders:
+    for schema in HEADER_SCHEMAS:
+        session = _header_value(headers, schema.session)
+        if session is None:
+            continue
+        agent = _header_value(headers, schema.agent) if schema.agent else None
+        parent = _header_value(headers, schema.parent) if schema.parent else None
+        return _FrameworkHeaders(schema.name, session, agent, parent)
+    return _FrameworkHeaders()
+
+
+def _placement_hash_key(
+    headers: Mapping[str, str],
+    lowered: Mapping[str, str],
+    request: Mapping[str, Any] | None,
+    raw_body: bytes | None,
+) -> str:
+    """Framework session header first, else the native consistent-hash key, so both paths agree."""
+    for name in _PLACEMENT_SESSION_HEADERS:
+        try:
+            value = _header_value(lowered, name)
+        except InvalidIdentity:
+            continue
+        if value is not None:
+            return f"header:{name}:{value}"
+    if raw_body is None:
+        raw_body = orjson.dumps(dict(request)) if request is not None else b""
+    return native_hash_key(headers, request, raw_body)
+
+
+# ------------------------------------------------------------------------------------------------ fields
+
+
+def _string(context: Mapping[str, Any], *keys: str) -> str | None:
+    """First non-null of ``keys`` as a trimmed identifier; integers are accepted as identifiers."""
+    for key in keys:
+        value = context.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            text = value.strip()
+        elif isinstance(value, int) and not isinstance(value, bool) and _I64_MIN <= value <= _U64_MAX:
+            text = str(value)
+        else:
+            raise InvalidIdentity(f"{key} must be a string-compatible identifier")
+        if not text:
+            raise InvalidIdentity(f"{key} must not be empty")
+        return text
+    return None
+
+
+def _bool(context: Mapping[str, Any], *keys: str) -> bool | None:
+    for key in keys:
+        value = context.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise InvalidIdentity(f"{key} must be a boolean")
+        return value
+    return None
+
+
+def _u64(context: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = context.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U64_MAX:
+            raise InvalidIdentity(f"{key} must be a non-negative integer")
+        return value
+    return None
+
+
+def _i64(context: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = context.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not _I64_MIN <= value <= _I64_MAX:
+            raise InvalidIdentity(f"{key} must be an integer")
+        return value
+    return None
+
+
+def _duration(context: Mapping[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = context.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidIdentity(f"{key} must be seconds as a number")
+        seconds = float(value)
+        if not seconds >= 0.0 or seconds == float("inf"):
+            raise InvalidIdentity(f"{key} must be finite and non-negative")
+        return seconds
+    return None
+
+
+# ------------------------------------------------------------------------------------------- derivation
+
+
+def _scoped_program_id(scope: str, actor: str | None) -> str:
+    """``"<scope>:<actor>"`` (actor defaults to lead), without doubling an existing scope prefix."""
+    actor = actor or "lead"
+    prefix = f"{scope}:"
+    return actor if actor.startswith(prefix) else prefix + actor
+
+
+def _normalized_agent(scope: str | None, agent: str | None) -> str | None:
+    """Strip a ``"<scope>:"`` prefix from an agent id; an empty remainder names no agent and is an error."""
+    if agent is None or scope is None:
+        return agent
+    prefix = f"{scope}:"
+    if not agent.startswith(prefix):
+        return agent
+    component = agent[len(prefix) :]
+    if not component:
+        raise InvalidIdentity("agent_id must include an agent component")
+    return component
+
+
+def _related_program_id(
+    program_id: str, agent_id: str | None, related: str, task_id: str | None
+) -> str | None:
+    """The sibling Program of ``related``: swap the ``:<agent>`` suffix, else scope it under the task."""
+    if agent_id is not None:
+        suffix = f":{agent_id}"
+        if program_id.endswith(suffix):
+            return f"{program_id[: -len(suffix)]}:{related}"
+    return _scoped_program_id(task_id, related) if task_id is not None else None
+
+
+def _check_bounds(fields: Sequence[tuple[str, str | None]]) -> None:
+    for name, value in fields:
+        if value is not None and len(value.encode()) > MAX_IDENTITY_COMPONENT_BYTES:
+            raise InvalidIdentity(f"{name} exceeds {MAX_IDENTITY_COMPONENT_BYTES} bytes")
+
+
+def _replace_hash_key(identity: ProgramIdentity, hash_key: str) -> ProgramIdentity:
+    return replace(identity, placement_hash_key=hash_key)
