@@ -1,0 +1,172 @@
+"""Native request-level routing policies (``--policy``) for requests without Program identity.
+
+Every policy answers ``select(candidates, request)`` over the healthy targets (sorted by id, never empty)
+and hears ``on_start``/``on_finish`` for each forwarded request, so in-flight load is known to the ones
+that balance on it. Policies are plain objects: no I/O, called from the event loop only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from progrouter.config import Policy as PolicyName
+from progrouter.config import RouterConfig
+from progrouter.routing.hash_key import header_hash_key, native_hash_key
+from progrouter.routing.hash_ring import HashRing
+from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.routing.request_text import routing_text
+from progrouter.routing.target import Target
+
+NATIVE_HASH_VIRTUAL_NODES = 160
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """What a policy may look at. ``body`` is the parsed JSON object, or None when unparsed or not JSON."""
+
+    headers: Mapping[str, str]
+    body: Mapping[str, Any] | None
+    raw_body: bytes
+
+
+class RoutingPolicy:
+    """Base: tracks in-flight requests per target id; subclasses choose."""
+
+    name: str = ""
+    needs_body: bool = False  # whether select() reads the parsed body
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, int] = {}
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        raise NotImplementedError
+
+    def on_start(self, target: Target) -> None:
+        self.in_flight[target.id] = self.in_flight.get(target.id, 0) + 1
+
+    def on_finish(self, target: Target) -> None:
+        left = self.in_flight.get(target.id, 0) - 1
+        if left > 0:
+            self.in_flight[target.id] = left
+        else:
+            self.in_flight.pop(target.id, None)
+
+    def on_targets_removed(self, target_ids: Sequence[str]) -> None:
+        """Targets left the candidate set (unhealthy); forget state that would mislead later choices."""
+
+
+class RandomPolicy(RoutingPolicy):
+    name = "random"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__()
+        self._rng = random.Random(seed)
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        return candidates[self._rng.randrange(len(candidates))]
+
+
+class RoundRobinPolicy(RoutingPolicy):
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counter = 0
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        target = candidates[self._counter % len(candidates)]
+        self._counter += 1
+        return target
+
+
+class ConsistentHashPolicy(RoutingPolicy):
+    """Sticky by session header / body field / body hash; the ring follows the candidate set."""
+
+    name = "consistent_hash"
+    needs_body = True
+
+    def __init__(self, virtual_nodes: int = NATIVE_HASH_VIRTUAL_NODES) -> None:
+        super().__init__()
+        self._virtual_nodes = virtual_nodes
+        self._ring_ids: tuple[str, ...] = ()
+        self._ring: HashRing | None = None
+        self._by_id: dict[str, Target] = {}
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        ids = tuple(t.id for t in candidates)
+        if self._ring is None or ids != self._ring_ids:
+            self._ring, self._ring_ids = HashRing(ids, self._virtual_nodes), ids
+            self._by_id = {t.id: t for t in candidates}
+        key = native_hash_key(request.headers, request.body, request.raw_body)
+        return self._by_id[self._ring.lookup(key)]
+
+
+class PowerOfTwoPolicy(RoutingPolicy):
+    """Two distinct random candidates; the one with fewer in-flight requests wins."""
+
+    name = "power_of_two"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__()
+        self._rng = random.Random(seed)
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        if len(candidates) == 1:
+            return candidates[0]
+        a, b = self._rng.sample(range(len(candidates)), 2)
+        ta, tb = candidates[a], candidates[b]
+        return tb if self.in_flight.get(tb.id, 0) < self.in_flight.get(ta.id, 0) else ta
+
+
+class CacheAwarePolicy(RoutingPolicy):
+    """Prefix affinity while load is balanced, least in-flight when it is not (see ``prefix_tree``)."""
+
+    name = "cache_aware"
+    needs_body = True
+
+    def __init__(self, index: CacheAwareIndex) -> None:
+        super().__init__()
+        self.index = index
+        self.last_decision = ""
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        # Like upstream, a body without prompt text falls back to the session header as the key.
+        text = routing_text(request.body) or header_hash_key(request.headers) or ""
+        loads = [(t.id, self.in_flight.get(t.id, 0)) for t in candidates]
+        chosen, self.last_decision = self.index.choose_by_load(text, loads)
+        if text:
+            self.index.insert(text, chosen)
+        return next(t for t in candidates if t.id == chosen)
+
+    def on_targets_removed(self, target_ids: Sequence[str]) -> None:
+        for tid in target_ids:
+            self.index.remove_target(tid)
+
+
+def cache_index_for(config: RouterConfig) -> CacheAwareIndex:
+    """The one prefix index a router shares between native cache_aware and Program cache_aware binding."""
+    return CacheAwareIndex(
+        config.max_tree_size,
+        cache_threshold=config.cache_threshold,
+        balance_abs_threshold=config.balance_abs_threshold,
+        balance_rel_threshold=config.balance_rel_threshold,
+    )
+
+
+def build_policy(config: RouterConfig, cache_index: CacheAwareIndex | None = None) -> RoutingPolicy:
+    """The policy named by ``config.policy``; cache_aware uses ``cache_index`` when given (shared)."""
+    match config.policy:
+        case PolicyName.RANDOM:
+            return RandomPolicy()
+        case PolicyName.ROUND_ROBIN:
+            return RoundRobinPolicy()
+        case PolicyName.CONSISTENT_HASH:
+            return ConsistentHashPolicy()
+        case PolicyName.POWER_OF_TWO:
+            return PowerOfTwoPolicy()
+        case PolicyName.CACHE_AWARE:
+            return CacheAwarePolicy(cache_index or cache_index_for(config))
+    raise ValueError(f"unknown policy {config.policy!r}")

@@ -1,0 +1,176 @@
+"""The aiohttp application: routes, and the lifecycle of the client session, health checks and the gate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from progrouter.config import BindingStrategy, Policy, RouterConfig
+from progrouter.routing.policies import build_policy, cache_index_for
+from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.routing.target import expand_targets
+from progrouter.server.errors import json_error, json_response
+from progrouter.server.gate import build_program_gate
+from progrouter.server.health import HealthChecker, HealthTracker
+from progrouter.server.metrics import RouterMetrics
+from progrouter.server.proxy import handle_post
+from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
+
+log = logging.getLogger("progrouter.router")
+
+
+def _auth_headers(config: RouterConfig) -> dict[str, str]:
+    return {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
+
+
+def _shared_cache_index(config: RouterConfig) -> CacheAwareIndex | None:
+    """One prefix index when native cache_aware routing or Program cache_aware binding uses it."""
+    program = config.program_scheduling
+    if config.policy is Policy.CACHE_AWARE or (
+        program is not None and program.binding_strategy is BindingStrategy.CACHE_AWARE
+    ):
+        return cache_index_for(config)
+    return None
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    unhealthy = state.health.unhealthy()
+    if unhealthy:
+        return json_response({"status": "unhealthy", "unhealthy_workers": unhealthy}, status=503)
+    return json_response({"status": "healthy", "message": "All servers healthy"})
+
+
+async def handle_readiness(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.candidates:
+        return json_response({"status": "ready", "healthy_targets": len(state.candidates)})
+    return json_response({"status": "not_ready", "healthy_targets": 0}, status=503)
+
+
+async def handle_liveness(request: web.Request) -> web.Response:
+    return json_response({"status": "alive"})
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    """The union of the healthy workers' models, first occurrence of each id wins."""
+    state = request.app[STATE_KEY]
+    session = state.session
+    assert session is not None
+    workers = sorted({t.base_url for t in state.candidates})
+    timeout = aiohttp.ClientTimeout(total=state.config.health_check_timeout_secs)
+
+    async def fetch(worker: str) -> Any:
+        async with session.get(
+            worker + "/v1/models", headers=_auth_headers(state.config), timeout=timeout
+        ) as r:
+            r.raise_for_status()
+            return orjson.loads(await r.read())
+
+    results = await asyncio.gather(*(fetch(w) for w in workers), return_exceptions=True)
+    data: list[Any] = []
+    seen: set[str] = set()
+    answered = False
+    for worker, result in zip(workers, results, strict=True):
+        if isinstance(result, BaseException):
+            log.info("GET /v1/models from %s failed: %r", worker, result)
+            continue
+        answered = True
+        for model in result.get("data", []) if isinstance(result, dict) else []:
+            model_id = model.get("id") if isinstance(model, dict) else None
+            if isinstance(model_id, str) and model_id not in seen:
+                seen.add(model_id)
+                data.append(model)
+    if not answered:
+        return json_error(503, "no healthy worker answered /v1/models")
+    return json_response({"object": "list", "data": data})
+
+
+async def handle_diagnostics(request: web.Request) -> web.Response:
+    gate = request.app[STATE_KEY].gate
+    if gate is None:
+        return json_error(404, "Program scheduling is not enabled")
+    return json_response(gate.diagnostics())
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return json_error(404, f"no route for {request.method} {request.path}")
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE_KEY]
+    config = state.config
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    state.session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=config.request_timeout_secs),
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding",),
+    )
+    if config.program_scheduling is not None:
+        state.gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
+        warning = config.program_scheduling.reference_calibration_warning()
+        if warning is not None:
+            log.warning("program_scheduling_reference_calibration %s", orjson.dumps(warning).decode())
+    state.refresh_candidates()
+    if state.gate is not None:
+        await state.gate.start()
+    checker = HealthChecker(
+        state.health,
+        state.session,
+        endpoint=config.health_check_endpoint,
+        interval=config.health_check_interval_secs,
+        timeout=config.health_check_timeout_secs,
+        headers=_auth_headers(config),
+        on_change=state.refresh_candidates,
+    )
+    health_task = asyncio.create_task(checker.run(), name="progrouter-health")
+    try:
+        yield
+    finally:
+        health_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await health_task
+        if state.gate is not None:
+            await state.gate.stop()
+        await state.session.close()
+
+
+def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -> web.Application:
+    """The router as an aiohttp app; run it with ``handler_cancellation=True`` (see ``runner``)."""
+    registry = registry if registry is not None else CollectorRegistry()
+    targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
+    cache_index = _shared_cache_index(config)
+    state = RouterState(
+        config=config,
+        targets=targets,
+        policy=build_policy(config, cache_index),
+        metrics=RouterMetrics(registry),
+        health=HealthTracker(
+            sorted({t.base_url for t in targets}),
+            config.health_failure_threshold,
+            config.health_success_threshold,
+        ),
+        cache_index=cache_index,
+    )
+    app = web.Application(client_max_size=config.max_payload_size)
+    app[STATE_KEY] = state
+    app[REGISTRY_KEY] = registry
+    app[CONFIG_KEY] = config
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/readiness", handle_readiness)
+    app.router.add_get("/liveness", handle_liveness)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/scheduling/diagnostics", handle_diagnostics)
+    app.router.add_post("/{tail:.*}", handle_post)
+    app.router.add_route("*", "/{tail:.*}", _not_found)
+    app.cleanup_ctx.append(_lifecycle)
+    return app

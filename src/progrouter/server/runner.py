@@ -1,0 +1,77 @@
+"""Start and stop a router (and its Prometheus endpoint) inside a running event loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from progrouter.config import RouterConfig
+from progrouter.server.app import build_app
+from progrouter.server.state import REGISTRY_KEY
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    app.router.add_get("/", handle)
+    return app
+
+
+@dataclass
+class RunningRouter:
+    """A router serving on ``url``; Prometheus on ``metrics_url`` (None when disabled)."""
+
+    url: str
+    metrics_url: str | None
+    app: web.Application
+    _runners: list[web.AppRunner] = field(default_factory=list)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.app[REGISTRY_KEY]
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+
+async def _serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the upstream call.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1]
+    return runner, int(bound)
+
+
+async def start_router(config: RouterConfig) -> RunningRouter:
+    """Build and start the router described by ``config`` (port 0 picks a free port)."""
+    app = build_app(config)
+    runner, port = await _serve(app, config.host, config.port)
+    running = RunningRouter(_url(config.host, port), None, app, [runner])
+    if config.prometheus_port is not None:
+        try:
+            m_runner, m_port = await _serve(
+                metrics_app(app[REGISTRY_KEY]), config.prometheus_host, config.prometheus_port
+            )
+        except BaseException:
+            await running.stop()
+            raise
+        running._runners.append(m_runner)
+        running.metrics_url = _url(config.prometheus_host, m_port) + "/metrics"
+    return running
