@@ -1,0 +1,158 @@
+"""Token usage read from backend responses, JSON or SSE, as forwarded (upstream ``program_adapter.rs``).
+
+The scheduler learns a request's real prompt size, cached prefix and output length only from the ``usage``
+object a backend returns. It may sit at ``usage`` (OpenAI chat/completions, Anthropic message_delta),
+``message.usage`` (Anthropic message_start) or ``response.usage`` (OpenAI Responses events), in OpenAI or
+Anthropic shape. Anthropic splits the prompt into uncached input, cache reads and cache writes, so the prompt
+is their sum (10 + 30 + 20 → 60), never counted twice. Streams repeat usage; values merge monotonically.
+
+Sans-I/O: the SSE accumulator is fed raw byte chunks as they are forwarded and an explicit ``now``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from progrouter.program.types import UsageObservation
+
+MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024
+_USAGE_MARKER = b'"usage"'
+_CACHE_READ_KEYS = ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens")
+
+
+def _count(value: Any) -> int | None:
+    """A token count: a non-negative JSON integer (bools and floats are not counts)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _first_count(usage: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        count = _count(usage.get(key))
+        if count is not None:
+            return count
+    return None
+
+
+def _nested_count(usage: Mapping[str, Any], outer: str, inner: str) -> int | None:
+    details = usage.get(outer)
+    return _count(details.get(inner)) if isinstance(details, Mapping) else None
+
+
+def usage_from_object(usage: Mapping[str, Any]) -> UsageObservation:
+    """One ``usage`` object in OpenAI or Anthropic shape."""
+    cache_read = _first_count(usage, _CACHE_READ_KEYS)
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is None:
+        input_tokens = _count(usage.get("input_tokens"))
+        if input_tokens is not None:
+            creation = _count(usage.get("cache_creation_input_tokens")) or 0
+            prompt = input_tokens + (cache_read or 0) + creation
+    completion = _first_count(usage, ("completion_tokens", "output_tokens"))
+    cached = _nested_count(usage, "prompt_tokens_details", "cached_tokens")
+    if cached is None:
+        cached = _nested_count(usage, "input_tokens_details", "cached_tokens")
+    if cached is None:
+        cached = cache_read
+    return UsageObservation(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def merge_usage_from_value(into: UsageObservation, value: Any) -> None:
+    """Merge every usage object a decoded response or event carries into ``into``."""
+    if not isinstance(value, Mapping):
+        return
+    candidates = (
+        value.get("usage"),
+        _get(value, "message", "usage"),
+        _get(value, "response", "usage"),
+    )
+    for usage in candidates:
+        if isinstance(usage, Mapping):
+            into.merge(usage_from_object(usage))
+
+
+def _get(value: Mapping[str, Any], outer: str, inner: str) -> Any:
+    node = value.get(outer)
+    return node.get(inner) if isinstance(node, Mapping) else None
+
+
+def parse_json_usage(body: bytes) -> UsageObservation:
+    """Usage of a complete JSON response body (empty when absent or unparsable)."""
+    usage = UsageObservation()
+    with contextlib.suppress(orjson.JSONDecodeError):
+        merge_usage_from_value(usage, orjson.loads(body))
+    return usage
+
+
+class SseUsageAccumulator:
+    """Collects usage from a server-sent-event stream fed in arbitrary byte chunks.
+
+    Lines may be split across chunks; a partial line longer than 1 MiB is dropped (up to its end) rather
+    than buffered without bound. Only ``data:`` lines that mention ``"usage"`` are decoded, so the cost on a
+    long token stream is a byte search per line.
+    """
+
+    __slots__ = ("_buffer", "_skipping", "first_output_at", "usage")
+
+    def __init__(self) -> None:
+        self.usage = UsageObservation()
+        self.first_output_at: float | None = None
+        self._buffer = bytearray()
+        self._skipping = False  # inside an oversized line: drop bytes until its newline
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Take the next forwarded chunk; ``now`` stamps the first non-empty one (decode start)."""
+        if not chunk:
+            return
+        if self.first_output_at is None:
+            self.first_output_at = now
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            if newline < 0:
+                break
+            if self._skipping:
+                self._skipping = False
+            elif self._buffer:
+                self._buffer += chunk[start:newline]
+                self._line(bytes(self._buffer))
+                self._buffer.clear()
+            else:
+                self._line(chunk[start:newline])
+            start = newline + 1
+        if start < len(chunk) and not self._skipping:
+            self._buffer += chunk[start:]
+            if len(self._buffer) > MAX_PARTIAL_SSE_LINE_BYTES:
+                self._buffer.clear()
+                self._skipping = True
+
+    def finish(self) -> UsageObservation:
+        """Flush a final unterminated line and return the merged usage."""
+        if self._buffer and not self._skipping:
+            self._line(bytes(self._buffer))
+        self._buffer.clear()
+        self._skipping = False
+        return self.usage
+
+    def decode_seconds(self, now: float) -> float | None:
+        """Seconds since the first output chunk, or None if nothing was streamed."""
+        return None if self.first_output_at is None else max(0.0, now - self.first_output_at)
+
+    def _line(self, line: bytes) -> None:
+        if _USAGE_MARKER not in line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            return
+        try:
+            merge_usage_from_value(self.usage, orjson.loads(data))
+        except orjson.JSONDecodeError:
+            return
