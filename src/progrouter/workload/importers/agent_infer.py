@@ -101,26 +101,25 @@ def _session(sid: str, facts: list[_Fact], t0: float, size: int, shared: set[int
     lead_blocks: list[list[int]] = []
     programs: list[TraceProgram] = []
     start = lead_facts[0].started
+    spawns = {a: _spawn(lead_facts, fs) for a, fs in by_actor.items() if a != lead}
+    # A lead request after blocking subagents waited for them: its gap counts from their end.
+    resumed = [f.finished for f in lead_facts]
+    for a, (after, blocks) in spawns.items():
+        if blocks and after >= 0:
+            resumed[after] = max(resumed[after], by_actor[a][-1].finished)
     for actor in [lead, *(a for a in by_actor if a != lead)]:
         fs = by_actor[actor]
         is_lead = actor == lead
         blocks: list[list[int]] = []
         requests: list[TraceRequest] = []
-        spawn_after: int | None = None
-        blocks_parent = False
-        if not is_lead:
-            spawn_after = max(
-                (i for i, lf in enumerate(lead_facts) if lf.finished <= fs[0].started), default=-1
-            )
-            after = lead_facts[spawn_after + 1] if spawn_after + 1 < len(lead_facts) else None
-            blocks_parent = after is not None and after.started >= fs[-1].finished
+        spawn_after, blocks_parent = (None, False) if is_lead else spawns[actor]
         for i, f in enumerate(fs):
             need = context_blocks(f.input_tokens, size)
             if i > 0:
                 prev = fs[i - 1]
                 reuse_tokens = prev.input_tokens if f.input_tokens >= prev.input_tokens else f.cached_tokens
                 prefix = blocks[-1][: min(reuse_tokens // size, need)]
-                gap = max(0.0, f.started - prev.finished)
+                gap = max(0.0, f.started - (resumed[i - 1] if is_lead else prev.finished))
             else:
                 reuse = min(f.cached_tokens // size, need)
                 if is_lead:
@@ -151,3 +150,10 @@ def _session(sid: str, facts: list[_Fact], t0: float, size: int, shared: set[int
             )
         )
     return TraceTask(sid, start - t0, tuple(programs))
+
+
+def _spawn(lead_facts: list[_Fact], fs: list[_Fact]) -> tuple[int, bool]:
+    """(spawn_after, blocks_parent) of a subagent whose requests are ``fs``."""
+    after = max((i for i, lf in enumerate(lead_facts) if lf.finished <= fs[0].started), default=-1)
+    following = lead_facts[after + 1] if after + 1 < len(lead_facts) else None
+    return after, following is not None and following.started >= fs[-1].finished

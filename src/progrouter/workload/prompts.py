@@ -1,0 +1,67 @@
+"""Deterministic prompts from block hash ids.
+
+A block's tokens are drawn from a generator seeded by (salt, scope, block id), where the scope is the task
+for task-private blocks and ``shared`` for the trace's global ``shared_hash_ids``: equal ids inside a task, or
+shared ids anywhere, give equal tokens (a real shared prefix); nothing else can collide. Token ids stay in
+``[FIRST_TOKEN_ID, vocab_size)`` so any tokenizer with that vocabulary accepts them. Text prompts spell each
+token as one word (``t<id>``), which the engine emulator's tokenizer maps to one token each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import numpy.typing as npt
+
+from progrouter.workload.trace import Trace, TraceRequest
+
+FIRST_TOKEN_ID = 100
+SHARED_SCOPE = "shared"
+
+Tokens = npt.NDArray[np.int64]
+
+
+class PromptBuilder:
+    """Builds prompts for one trace; caches block tokens per task (drop them with ``forget``)."""
+
+    def __init__(self, trace: Trace, *, salt: str = "progrouter", vocab_size: int = 32_000) -> None:
+        if vocab_size <= FIRST_TOKEN_ID + 1:
+            raise ValueError(f"vocab_size must be > {FIRST_TOKEN_ID + 1}")
+        self._block_size = trace.block_size
+        self._shared = trace.shared_hash_ids
+        self._salt = salt
+        self._vocab = vocab_size
+        self._cache: dict[str, dict[int, Tokens]] = {}
+
+    def _draw(self, scope: str, key: str) -> Tokens:
+        digest = hashlib.blake2b(f"{self._salt}|{scope}|{key}".encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        return rng.integers(FIRST_TOKEN_ID, self._vocab, self._block_size, dtype=np.int64)
+
+    def block(self, task_id: str, block_id: int) -> Tokens:
+        scope = SHARED_SCOPE if block_id in self._shared else task_id
+        per_scope = self._cache.setdefault(scope, {})
+        tokens = per_scope.get(block_id)
+        if tokens is None:
+            tokens = per_scope[block_id] = self._draw(scope, str(block_id))
+        return tokens
+
+    def token_ids(self, task_id: str, request_id: str, request: TraceRequest) -> Tokens:
+        """The prompt's token ids: its blocks in order, cut or padded (with request-unique tokens) to size."""
+        parts = [self.block(task_id, b) for b in request.hash_ids]
+        have = len(parts) * self._block_size
+        while have < request.input_tokens:
+            parts.append(self._draw(f"pad:{task_id}", f"{request_id}:{have}"))
+            have += self._block_size
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate(parts)[: request.input_tokens]
+
+    def text(self, task_id: str, request_id: str, request: TraceRequest) -> str:
+        return " ".join(f"t{t}" for t in self.token_ids(task_id, request_id, request).tolist())
+
+    def forget(self, task_id: str) -> None:
+        """Drop a finished task's cached blocks (shared blocks stay)."""
+        self._cache.pop(task_id, None)
+        self._cache.pop(f"pad:{task_id}", None)

@@ -1,0 +1,315 @@
+"""Closed-loop replay of an agent trace against a router or an engine.
+
+Each Program runs as its own loop: request *i+1* is sent once request *i* has completed and its gap has
+passed. A subagent starts after the parent request it was spawned from completes (plus its own first gap) and
+runs concurrently with everything else; a parent waits for its blocking subagents before its next request
+(it sends at the later of its own gap and their end). Tasks start at their ``start`` (optionally limited to
+``max_concurrent_tasks`` at once).
+
+``time_scale`` compresses time the way the engine emulator's ``--time-scale`` does: a trace gap of *g*
+modelled seconds is waited as *g / time_scale* wall seconds; facts stay in wall seconds and record the scale.
+
+Every request carries its Program identity as ``vllm_xargs.agentic_context`` (a compact JSON string, the form
+stock vLLM accepts) and the task as ``x-session-id`` (what native consistent hashing keys on), streams with
+``include_usage``, and asks for exactly the trace's output tokens (``max_tokens = min_tokens``,
+``ignore_eos``). Stopping (``stop`` set, or the caller cancelling) cancels what is in flight; facts already
+handed to ``sink`` are complete, in-flight requests are reported as ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+from progrouter.workload.facts import Fact
+from progrouter.workload.prompts import PromptBuilder
+from progrouter.workload.trace import Trace, TraceProgram, TraceRequest, TraceTask
+
+Api = Literal["completions", "chat"]
+#: Response headers a router may use to say which Rank served a request (first present wins).
+RANK_HEADERS = ("x-progrouter-rank", "x-data-parallel-rank")
+TARGET_HEADERS = ("x-progrouter-target",)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    url: str
+    api: Api = "completions"
+    model: str | None = None
+    time_scale: float = 1.0
+    max_connections: int = 256
+    max_concurrent_tasks: int | None = None
+    vocab_size: int = 32_000
+    salt: str = "progrouter"
+    request_timeout: float = 3600.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    facts: list[Fact]
+    task_start: dict[str, float]
+    task_end: dict[str, float]
+    interrupted: bool
+    wall_seconds: float
+
+
+Sink = Callable[[Fact], None]
+
+
+async def resolve_model(session: aiohttp.ClientSession, url: str) -> str | None:
+    """The first model the server lists, or None if it lists none or cannot be asked."""
+    try:
+        async with session.get(f"{url}/v1/models") as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(loads=orjson.loads)
+            models = data.get("data") or []
+            return str(models[0]["id"]) if models else None
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return None
+
+
+def agentic_context(task: TraceTask, program: TraceProgram, step: int, request_id: str) -> str:
+    ctx: dict[str, Any] = {
+        "program_id": program.program_id,
+        "task_id": task.task_id,
+        "agent_id": program.agent_id,
+        "agent_role": program.role.value,
+        "step_id": step,
+        "request_id": request_id,
+        "blocks_parent": program.blocks_parent,
+    }
+    if program.parent_program_id is not None:
+        ctx["parent_program_id"] = program.parent_program_id
+    return orjson.dumps(ctx).decode()
+
+
+class _Replayer:
+    def __init__(self, trace: Trace, opts: ReplayOptions, sink: Sink, session: aiohttp.ClientSession) -> None:
+        self.trace = trace
+        self.opts = opts
+        self.sink = sink
+        self.session = session
+        self.prompts = PromptBuilder(trace, salt=opts.salt, vocab_size=opts.vocab_size)
+        self.model = opts.model or "default"
+        self.t0 = time.perf_counter()
+        self.facts: list[Fact] = []
+        self.task_start: dict[str, float] = {}
+        self.task_end: dict[str, float] = {}
+        self.slots = asyncio.Semaphore(opts.max_concurrent_tasks) if opts.max_concurrent_tasks else None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def sleep_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def run_task(self, task: TraceTask) -> None:
+        await self.sleep_until(task.start / self.opts.time_scale)
+        if self.slots is not None:
+            async with self.slots:
+                await self._task_body(task)
+        else:
+            await self._task_body(task)
+
+    async def _task_body(self, task: TraceTask) -> None:
+        start = self.task_start[task.task_id] = self.now()
+        try:
+            await self.run_program(task, task.lead, start)
+        finally:
+            self.task_end[task.task_id] = self.now()
+            self.prompts.forget(task.task_id)
+
+    async def run_program(self, task: TraceTask, program: TraceProgram, spawned_at: float) -> None:
+        children = task.children(program.program_id)
+        running: list[asyncio.Task[None]] = []
+        blocking: list[asyncio.Task[None]] = []
+
+        def spawn(after: int, at: float) -> None:
+            for child in children:
+                if child.spawn_after == after:
+                    t = asyncio.create_task(self.run_program(task, child, at))
+                    running.append(t)
+                    if child.blocks_parent:
+                        blocking.append(t)
+
+        try:
+            spawn(-1, spawned_at)
+            prev_done = spawned_at
+            for step, request in enumerate(program.requests):
+                await self.sleep_until(prev_done + request.gap / self.opts.time_scale)
+                if blocking:
+                    await asyncio.gather(*blocking)
+                    blocking.clear()
+                await self.send(task, program, step, request)
+                prev_done = self.now()
+                spawn(step, prev_done)
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for t in running:
+                t.cancel()
+
+    def _body(
+        self, task: TraceTask, program: TraceProgram, step: int, request: TraceRequest, rid: str
+    ) -> bytes:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.output_tokens,
+            "min_tokens": request.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "vllm_xargs": {"agentic_context": agentic_context(task, program, step, rid)},
+        }
+        if self.opts.api == "chat":
+            body["messages"] = [{"role": "user", "content": self.prompts.text(task.task_id, rid, request)}]
+        else:
+            body["prompt"] = self.prompts.token_ids(task.task_id, rid, request)
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def send(self, task: TraceTask, program: TraceProgram, step: int, request: TraceRequest) -> None:
+        rid = f"{program.program_id}:{step}"
+        path = "/v1/chat/completions" if self.opts.api == "chat" else "/v1/completions"
+        headers = {"content-type": "application/json", "x-session-id": task.task_id, **self.opts.headers}
+        ready = self.now()
+        data = self._body(task, program, step, request, rid)
+        fact = Fact(
+            request_id=rid,
+            task_id=task.task_id,
+            program_id=program.program_id,
+            agent_id=program.agent_id,
+            agent_role=program.role.value,
+            parent_program_id=program.parent_program_id,
+            step_id=step,
+            task_start=self.task_start[task.task_id],
+            ready_at=ready,
+            started_at=self.now(),
+            finished_at=0.0,
+            input_tokens=request.input_tokens,
+            planned_output_tokens=request.output_tokens,
+            time_scale=self.opts.time_scale,
+        )
+        try:
+            async with self.session.post(f"{self.opts.url}{path}", data=data, headers=headers) as resp:
+                fact.headers_at = self.now()
+                fact.status_code = resp.status
+                _read_rank(resp.headers, fact)
+                if resp.status != 200:
+                    fact.status = "error"
+                    fact.error = (await resp.text())[:300]
+                else:
+                    await _read_stream(resp, fact, self.now)
+        except asyncio.CancelledError:
+            fact.status = "cancelled"
+            fact.finished_at = self.now()
+            self._emit(fact)
+            raise
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            fact.status = "error"
+            fact.error = f"{type(exc).__name__}: {exc}"[:300]
+        fact.finished_at = self.now()
+        self._emit(fact)
+
+    def _emit(self, fact: Fact) -> None:
+        self.facts.append(fact)
+        self.sink(fact)
+
+
+def _read_rank(headers: Mapping[str, str], fact: Fact) -> None:
+    for name in RANK_HEADERS:
+        value = headers.get(name)
+        if value is not None and value.strip().isdigit():
+            fact.rank = int(value)
+            break
+    for name in TARGET_HEADERS:
+        value = headers.get(name)
+        if value:
+            fact.target = value
+            break
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, fact: Fact, now: Callable[[], float]) -> None:
+    """Consume an SSE completion stream: first-token time, usage, and whether it ended properly."""
+    chunks = 0
+    done = False
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            done = True
+            break
+        obj = orjson.loads(payload)
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("error"):
+            fact.status = "error"
+            fact.error = str(obj["error"])[:300]
+        for choice in obj.get("choices") or []:
+            piece = choice.get("text")
+            if piece is None:
+                piece = (choice.get("delta") or {}).get("content")
+            if piece:
+                chunks += 1
+                if fact.first_token_at is None:
+                    fact.first_token_at = now()
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            fact.prompt_tokens = usage.get("prompt_tokens", fact.prompt_tokens)
+            fact.output_tokens = usage.get("completion_tokens", fact.output_tokens)
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens")
+            if cached is not None:
+                fact.cached_tokens = cached
+    if fact.output_tokens is None and chunks:
+        fact.output_tokens = chunks
+    if not done and fact.status == "ok":
+        fact.status = "error"
+        fact.error = "stream ended without [DONE]"
+
+
+async def replay(
+    trace: Trace,
+    opts: ReplayOptions,
+    sink: Sink = lambda _f: None,
+    stop: asyncio.Event | None = None,
+) -> ReplayResult:
+    """Replay ``trace``; returns when every task is done, or early (``interrupted``) when ``stop`` is set."""
+    connector = aiohttp.TCPConnector(limit=opts.max_connections)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=opts.request_timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if opts.model is None:
+            opts = replace(opts, model=await resolve_model(session, opts.url) or "default")
+        r = _Replayer(trace, opts, sink, session)
+        work = asyncio.ensure_future(asyncio.gather(*(r.run_task(t) for t in trace.tasks)))
+        waiters: set[asyncio.Future[Any]] = {work}
+        stopper: asyncio.Task[bool] | None = None
+        if stop is not None:
+            stopper = asyncio.create_task(stop.wait())
+            waiters.add(stopper)
+        interrupted = False
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                interrupted = True
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+            if stopper is not None:
+                stopper.cancel()
+        failure = work.exception() if work.done() and not work.cancelled() else None
+        if failure is not None:
+            raise failure
+        return ReplayResult(r.facts, r.task_start, r.task_end, interrupted, r.now())
