@@ -62,7 +62,7 @@ def test_agent_infer_rebuilds_programs_and_prefixes() -> None:
     assert (a.task_id, a.start, b.task_id, b.start) == ("A", 0.0, "B", 1.0)
     lead = a.lead
     assert [r.gap for r in lead.requests] == pytest.approx([0.0, 0.5, 0.3])
-    r0, r1, r2 = lead.requests
+    r0, r1, _r2 = lead.requests
     assert len(r0.hash_ids) == 16  # ceil(1000 / 64)
     assert r1.hash_ids[:15] == r0.hash_ids[:15]  # grew from 1000 to 1200: reuses the whole previous prompt
     assert r1.hash_ids[15] != r0.hash_ids[15]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def test_coding_workload_shape() -> None:
         for p in task.programs:
             reqs = p.requests
             assert set(reqs[0].hash_ids[:sys_blocks]) == t.shared_hash_ids
-            for prev, cur in zip(reqs, reqs[1:], strict=False):
+            for prev, cur in itertools.pairwise(reqs):
                 assert cur.hash_ids[: len(prev.hash_ids)] == prev.hash_ids  # context grows by appending
                 assert cur.input_tokens > prev.input_tokens
                 assert cur.input_tokens == len(cur.hash_ids) * t.block_size

@@ -104,8 +104,8 @@ def _session(sid: str, facts: list[_Fact], t0: float, size: int, shared: set[int
     spawns = {a: _spawn(lead_facts, fs) for a, fs in by_actor.items() if a != lead}
     # A lead request after blocking subagents waited for them: its gap counts from their end.
     resumed = [f.finished for f in lead_facts]
-    for a, (after, blocks) in spawns.items():
-        if blocks and after >= 0:
+    for a, (after, blocking) in spawns.items():
+        if blocking and after >= 0:
             resumed[after] = max(resumed[after], by_actor[a][-1].finished)
     for actor in [lead, *(a for a in by_actor if a != lead)]:
         fs = by_actor[actor]
