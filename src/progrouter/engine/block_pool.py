@@ -1,0 +1,120 @@
+"""BlockPool: the paged KV cache's blocks, their reference counts, the free queue and the prefix-cache map.
+
+Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
+- the pool only keeps blocks; it never decides which request gets what (that is the KVCacheManager);
+- a block with ``ref_cnt == 0`` is in the free queue, and only such blocks are; the queue is in eviction
+  order, least recently freed first, so a freed block that still holds a cached prefix lives on as long
+  as possible;
+- a full block that holds computed KV carries its chained hash and is findable in the hash map until the pool
+  hands it out again (eviction), at which point the hash is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+
+
+class KVCacheBlock:
+    """One page of KV for ``block_size`` tokens."""
+
+    __slots__ = ("block_hash", "block_id", "ref_cnt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class BlockPool:
+    """``num_blocks`` blocks; free ones in an O(1) LRU queue, cached ones in a hash map."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Insertion order is eviction order: popitem(last=False) takes the least recently freed block.
+        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._cached: dict[int, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no user, including those that still hold a reusable cached prefix."""
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def usage(self) -> float:
+        """vLLM's ``kv_cache_usage_perc``: the fraction of blocks some request holds (cached-free is free)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    @property
+    def cached_map(self) -> Mapping[int, KVCacheBlock]:
+        """Read-only view of hash → cached block (lookups on the admission hot path)."""
+        return self._cached
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        return self._cached.get(block_hash)
+
+    def free_queue_ids(self) -> list[int]:
+        """Block ids in eviction order (for tests and diagnostics)."""
+        return list(self._free)
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
+        if n > len(self._free):
+            raise ValueError(f"cannot get {n} free blocks; only {len(self._free)} are free")
+        out = []
+        popitem = self._free.popitem
+        cached = self._cached
+        for _ in range(n):
+            block = popitem(last=False)[1]
+            h = block.block_hash
+            if h is not None:
+                if cached.get(h) is block:
+                    del cached[h]
+                block.block_hash = None
+                self.num_evictions += 1
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A request reuses cached blocks: take a reference, and pull free ones out of the eviction queue."""
+        free = self._free
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del free[block.block_id]
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks_in_eviction_order: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block; blocks that reach zero join the tail of the free queue."""
+        free = self._free
+        for block in blocks_in_eviction_order:
+            if block.ref_cnt <= 0:
+                raise AssertionError(f"{block!r} freed more often than it was taken")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                free[block.block_id] = block
+
+    def cache_full_blocks(
+        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int], start: int, end: int
+    ) -> None:
+        """Register ``blocks[start:end]`` (now full of computed tokens) under their chained hashes.
+
+        If another block already holds the same hash (two requests computed the same prefix in the same
+        step), the first one stays the findable copy; the duplicate is an ordinary block.
+        """
+        cached = self._cached
+        for i in range(start, end):
+            block = blocks[i]
+            if block.block_hash is None:
+                h = block_hashes[i]
+                if h not in cached:
+                    block.block_hash = h
+                    cached[h] = block

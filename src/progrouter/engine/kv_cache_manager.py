@@ -1,0 +1,89 @@
+"""KVCacheManager: decides what KV a request gets — its cached prefix, new blocks, and when they go back.
+
+As in vLLM v1, the manager owns the request → blocks table and talks to the BlockPool; the scheduler only asks
+"how much of this request is cached?" and "can it have room for n more tokens?".
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from progrouter.engine.block_pool import BlockPool, KVCacheBlock
+from progrouter.engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self._req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of whole blocks, and its length in tokens.
+
+        Like vLLM, at least one token is always left to compute (its logits give the next token), so a
+        prompt that is entirely cached reuses all but its last block.
+        """
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        get = self.pool.cached_map.get  # the hot loop of admission: no method call per block
+        hits: list[KVCacheBlock] = []
+        append = hits.append
+        for h in islice(request.block_hashes, max_blocks):
+            block = get(h)
+            if block is None:
+                break
+            append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> bool:
+        """Give ``request`` room for ``num_new_tokens`` more computed tokens (after any cache hits).
+
+        Returns False, changing nothing, when the pool cannot supply the blocks even by evicting every
+        unreferenced cached block. Blocks that become full are registered in the prefix cache right away,
+        so a request scheduled later in the same step can already hit them (vLLM does the same).
+        """
+        bs = self.block_size
+        rid = request.request_id
+        blocks = self._req_blocks.get(rid)
+        hits = new_computed_blocks or []
+        num_computed = request.num_computed_tokens + len(hits) * bs
+        total = num_computed + num_new_tokens
+        have = (len(blocks) if blocks is not None else 0) + len(hits)
+        num_new_blocks = -(-total // bs) - have
+        pool = self.pool
+        if num_new_blocks > 0 or hits:
+            evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
+            if num_new_blocks > pool.num_free_blocks - evictable_hits:
+                return False
+        if blocks is None:
+            blocks = self._req_blocks[rid] = []
+            self._num_cached_blocks[rid] = 0
+        if hits:
+            pool.touch(hits)
+            blocks.extend(hits)
+            self._num_cached_blocks[rid] = len(blocks)
+        if num_new_blocks > 0:
+            blocks.extend(pool.get_new_blocks(num_new_blocks))
+        num_full = min(total, request.num_tokens) // bs
+        done = self._num_cached_blocks[rid]
+        if num_full > done:
+            pool.cache_full_blocks(blocks, request.block_hashes, done, num_full)
+            self._num_cached_blocks[rid] = num_full
+        return True
+
+    def free(self, request: Request) -> None:
+        """Return a request's blocks, tail first, so its last blocks are evicted before its shared prefix."""
+        blocks = self._req_blocks.pop(request.request_id, None)
+        self._num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def num_blocks_of(self, request: Request) -> int:
+        return len(self._req_blocks.get(request.request_id, ()))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._req_blocks)
