@@ -8,7 +8,6 @@ connection drops).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import orjson
@@ -49,7 +48,9 @@ class FakeWorker:
         return web.Response(status=200 if self.healthy else 503, text="ok" if self.healthy else "down")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "owned_by": self.name} for m in self.models]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": m, "owned_by": self.name} for m in self.models]}
+        )
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -69,7 +70,9 @@ class FakeWorker:
                 code = int(mode.split(":")[1])
                 return web.json_response({"worker": self.name, "status": code}, status=code)
             if mode in ("sse", "break"):
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Worker": self.name})
+                resp = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "X-Worker": self.name}
+                )
                 await resp.prepare(request)
                 await resp.write(b'data: {"n": 1}\n\n')
                 if mode == "break":
@@ -87,13 +90,3 @@ class FakeWorker:
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
-
-
-@contextlib.asynccontextmanager
-async def workers(n: int, **kwargs: Any) -> Any:
-    started = [await FakeWorker(f"w{i}", **kwargs).start() for i in range(n)]
-    try:
-        yield started
-    finally:
-        for w in started:
-            await w.stop()
