@@ -309,7 +309,7 @@ async def replay(
                 await asyncio.gather(work, return_exceptions=True)
             if stopper is not None:
                 stopper.cancel()
-        failure = work.exception() if work.done() and not work.cancelled() else None
+        failure = None if interrupted or work.cancelled() else work.exception()
         if failure is not None:
             raise failure
         return ReplayResult(r.facts, r.task_start, r.task_end, interrupted, r.now())
