@@ -13,8 +13,9 @@ import pytest
 from progrouter.cli import main
 from progrouter.workload import trace as T
 from progrouter.workload.facts import load_facts
-from tests.workload.fake_engine import FakeEngine, Seen, running
-from tests.workload.traces import tree_trace
+
+from .fake_engine import FakeEngine, Seen, running
+from .traces import tree_trace
 
 pytestmark = pytest.mark.timeout(120)
 DATA = Path(__file__).parent.parent / "data" / "workload"

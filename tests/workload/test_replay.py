@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from progrouter.workload.replay import ReplayOptions, replay
-from tests.workload.fake_engine import FakeEngine, Seen, running
-from tests.workload.traces import tree_trace
+
+from .fake_engine import FakeEngine, Seen, running
+from .traces import tree_trace
 
 pytestmark = pytest.mark.timeout(60)
 EPS = 1e-3
@@ -43,8 +44,10 @@ async def test_closed_loop_order_gaps_and_blocking() -> None:
         lead = progs[f"{task.task_id}:lead"]
         sub_b = progs[f"{task.task_id}:sub-b"]
         sub_f = progs[f"{task.task_id}:sub-f"]
-        assert sub_b[0].arrived >= lead[0].ended + 0.01 - EPS  # spawned after the lead's first request
-        assert sub_f[0].arrived >= lead[0].ended - EPS
+        lead0_end = lead[0].ended
+        assert lead0_end is not None
+        assert sub_b[0].arrived >= lead0_end + 0.01 - EPS  # spawned after the lead's first request
+        assert sub_f[0].arrived >= lead0_end - EPS
         assert sub_b[-1].ended is not None and lead[1].arrived >= sub_b[-1].ended - EPS  # blocked
         assert sub_f[0].ended is not None and lead[2].arrived < sub_f[0].ended  # not blocked
     jct = {t: result.task_end[t] - result.task_start[t] for t in result.task_start}
