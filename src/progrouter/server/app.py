@@ -105,6 +105,17 @@ async def _not_found(request: web.Request) -> web.Response:
     return json_error(404, f"no route for {request.method} {request.path}")
 
 
+def _log_calibration_warning(warning: dict[str, Any]) -> None:
+    """WARN ``event=program_scheduling_reference_calibration``, in the Program event log format."""
+    fields = {k: v for k, v in warning.items() if k != "event"}
+    text = "".join(
+        f" {k}={orjson.dumps(v).decode() if isinstance(v, list | dict) else v}" for k, v in fields.items()
+    )
+    logging.getLogger("progrouter.program").warning(
+        "event=%s%s", warning["event"], text, extra={"event": warning["event"], "fields": fields}
+    )
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE_KEY]
     config = state.config
@@ -116,10 +127,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         skip_auto_headers=("Accept-Encoding",),
     )
     if config.program_scheduling is not None:
-        state.gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
         warning = config.program_scheduling.reference_calibration_warning()
         if warning is not None:
-            log.warning("program_scheduling_reference_calibration %s", orjson.dumps(warning).decode())
+            _log_calibration_warning(warning)
+        state.gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
     state.refresh_candidates()
     if state.gate is not None:
         await state.gate.start()
