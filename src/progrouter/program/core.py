@@ -1,0 +1,77 @@
+"""The state one ``ProgramScheduler`` owns, in one place the policy modules share.
+
+Accounting (``CapacityLedger``), state (``ProgramTable``), retained requests (``RequestPool``), Rank queues,
+binding, timers and rolling statistics are separate objects; this bundle only wires them together so that
+admission, lifecycle and resume can be plain functions of ``(core, …)``.
+"""
+
+from __future__ import annotations
+
+from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.binding import Binder
+from progrouter.program.factors import RankFactors
+from progrouter.program.ledger import CapacityLedger
+from progrouter.program.lineage import ProgramLineage
+from progrouter.program.observer import SchedulerObserver
+from progrouter.program.outcomes import Outcome, ProgramDispatch
+from progrouter.program.pool import RequestPool
+from progrouter.program.resume import RankQueues
+from progrouter.program.state import ProgramTable
+from progrouter.program.timers import Timers
+from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.routing.target import Target
+
+
+class Core:
+    __slots__ = (
+        "binder",
+        "config",
+        "factors",
+        "high_tokens",
+        "ledger",
+        "lineage",
+        "low_tokens",
+        "observer",
+        "outcomes",
+        "outstanding",
+        "pool",
+        "pool_targets",
+        "queues",
+        "table",
+        "target_pools",
+        "targets",
+        "timers",
+        "tracked_pools",
+    )
+
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        observer: SchedulerObserver,
+        cache_index: CacheAwareIndex | None,
+    ) -> None:
+        self.config = config
+        self.observer = observer
+        capacity = config.token_capacity_per_dp_rank
+        self.low_tokens: float | None = None if capacity is None else capacity * config.low_watermark_ratio
+        self.high_tokens: float | None = None if capacity is None else capacity * config.high_watermark_ratio
+        self.pool = RequestPool()
+        self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds)
+        self.table = ProgramTable(self.ledger, self.pool)
+        self.queues = RankQueues()
+        self.binder = Binder(config, cache_index)
+        self.timers = Timers()
+        self.lineage = ProgramLineage()
+        self.factors: dict[str, RankFactors] = {}
+        self.pool_targets: dict[str, list[str]] = {}  # model pool -> sorted live target ids
+        self.targets: dict[str, Target] = {}  # every live target id of any pool
+        self.target_pools: dict[str, set[str]] = {}  # target id -> the pools it serves
+        self.tracked_pools: set[str] = set()  # pools that have seen Program traffic
+        self.outcomes: list[Outcome] = []
+        self.outstanding: dict[int, ProgramDispatch] = {}  # handle id -> dispatch awaiting completion
+
+    def rank_factors(self, target_id: str) -> RankFactors:
+        factors = self.factors.get(target_id)
+        if factors is None:
+            factors = self.factors[target_id] = RankFactors(self.config.stats_window_size)
+        return factors

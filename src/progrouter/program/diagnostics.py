@@ -1,0 +1,245 @@
+"""What the scheduler shows: the §5.6 snapshot (on demand), gauges and accounting-source changes (on tick).
+
+Nothing here runs on the arrival or completion path. The snapshot is JSON-ready (no infinities), lists every
+known Rank with its capacity, usage, accounting source and rolling statistics, and the Programs attributed to
+it by their last Rank, sorted by redacted id. Gauges carry only target ids and bounded enums.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from progrouter.program.ledger import program_private_tokens
+from progrouter.program.lifecycle import future_relief
+from progrouter.program.policy import CapacityAccountingSource, fitted_acting_ttl_for_rank, observation_fresh
+from progrouter.program.state import ProgramState, ProgramStatus
+
+if TYPE_CHECKING:
+    from progrouter.program.core import Core
+    from progrouter.program.factors import RankFactors
+    from progrouter.program.state import Program
+
+
+def report_accounting_sources(core: Core, now: float) -> None:
+    """Log each Rank's capacity-accounting source once per change: WARN into a fallback, INFO on recovery."""
+    ledger = core.ledger
+    freshness = 3.0 * core.config.metrics_interval_seconds
+    for target_id in core.targets:
+        account = ledger.account(target_id)
+        current = ledger.source(target_id, now)
+        previous = account.reported_source
+        if previous == current:
+            continue
+        account.reported_source = current
+        ledger.dirty.add(target_id)  # usage may now come from the other source
+        if previous is None:
+            continue
+        age = ledger.observation_age(target_id, now)
+        if current is CapacityAccountingSource.BACKEND_OBSERVATION:
+            core.observer.event(
+                "info",
+                "capacity_observation_recovered",
+                target=target_id,
+                previous_source=previous.value,
+                source=current.value,
+                observation_age_seconds=age,
+            )
+        else:
+            core.observer.event(
+                "warning",
+                "capacity_observation_fallback",
+                target=target_id,
+                previous_source=previous.value,
+                source=current.value,
+                observation_age_seconds=age,
+                freshness_threshold_seconds=freshness,
+            )
+
+
+def publish_gauges(core: Core, now: float) -> None:
+    observer = core.observer
+    max_ttl = core.config.max_acting_ttl_seconds
+    for target_id in core.targets:
+        rank = core.table.rank(target_id)
+        observer.gauge("rank_queue_size", core.queues.size(target_id), target=target_id)
+        observer.gauge("rank_active_programs", rank.active_count, target=target_id)
+        fresh = core.ledger.fresh_observation(target_id, now) is not None
+        observer.gauge("capacity_observation_fresh", 1.0 if fresh else 0.0, target=target_id)
+        factors = core.factors.get(target_id)
+        if factors is None:
+            continue
+        impact = factors.average_cache_miss_impact_seconds()
+        observer.gauge(
+            "fitted_ttl_seconds", fitted_acting_ttl_for_rank(factors, impact, max_ttl), target=target_id
+        )
+        observer.gauge("context_growth_tokens", factors.average_context_growth_tokens(), target=target_id)
+        observer.gauge("cache_miss_impact_rolling_mean_seconds", impact, target=target_id)
+        observer.gauge("rolling_samples", factors.request_sample_count, target=target_id, window="request")
+        observer.gauge(
+            "rolling_samples", factors.continuity_sample_count, target=target_id, window="continuity"
+        )
+
+
+def snapshot(core: Core, now: float) -> dict[str, Any]:
+    config = core.config
+    return {
+        "enabled": True,
+        "binding_only": config.binding_only,
+        "global_queue": config.global_queue,
+        "resume_order": config.resume_order.value,
+        "binding_strategy": config.binding_strategy.value,
+        "cross_rank_headroom_ratio": config.cross_rank_headroom_ratio,
+        "retained_requests": len(core.pool),
+        "programs": len(core.table),
+        "ranks": [_rank(core, target_id, now) for target_id in sorted(core.targets)],
+    }
+
+
+def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
+    config = core.config
+    target = core.targets[target_id]
+    ledger = core.ledger
+    account = ledger.account(target_id)
+    rank = core.table.rank(target_id)
+    capacity = config.token_capacity_per_dp_rank
+    used = ledger.usage(target_id, now)
+    observation = account.observation
+    age = ledger.observation_age(target_id, now)
+    checkpoint = account.checkpoint
+    native = account.native_used_tokens
+    attributed = sorted(rank.attributed, key=lambda p: p.redacted)
+    queue = core.queues.get(target_id)
+    queued = [] if queue is None else queue.ordered()
+    paused = [p for p in attributed if p.state is ProgramState.PAUSED]
+    return {
+        "target_id": target_id,
+        "base_url": target.base_url,
+        "dp_rank": target.dp_rank,
+        "configured_token_capacity": capacity,
+        "router_estimated_used_tokens": used,
+        "router_estimated_headroom_tokens": None if core.low_tokens is None else core.low_tokens - used,
+        "router_ledger_tokens": account.ledger_tokens,
+        "vllm_usage_scaled_tokens": native,
+        "observed_active_reasoning_tokens": account.est_reasoning_tokens,
+        "observed_active_program_tokens": account.est_active_program_tokens,
+        "tracked_active_reasoning_requests": sum(p.in_flight for p in rank.reasoning),
+        "observed_router_active_reasoning_programs": None
+        if checkpoint is None
+        else checkpoint.active_reasoning_programs,
+        "observed_router_active_reasoning_requests": None
+        if checkpoint is None
+        else checkpoint.active_reasoning_requests,
+        "active_program_token_delta_since_observation": account.delta,
+        "future_pause_relief_tokens": future_relief(core, target_id),
+        "active_acting_private_tokens": sum(p.charged_tokens for p in rank.acting),
+        "router_minus_vllm_used_tokens": None if native is None else used - native,
+        "router_active_programs": rank.active_count,
+        "router_active_reasoning_programs": len(rank.reasoning),
+        "router_active_acting_programs": len(rank.acting),
+        "router_paused_reasoning_programs": sum(p.status is ProgramStatus.REASONING for p in paused),
+        "router_paused_acting_programs": sum(p.status is ProgramStatus.ACTING for p in paused),
+        "router_in_flight_requests": sum(p.in_flight for p in rank.active()),
+        "router_queued_programs": len(queued),
+        "router_queued_requests": sum(core.pool.waiting(p) for p in queued),
+        "vllm_kv_cache_usage": None if observation is None else observation.kv_cache_usage,
+        "vllm_running_requests": None if observation is None else observation.running,
+        "vllm_waiting_requests": None if observation is None else observation.waiting,
+        "observation_age_seconds": age,
+        "observation_fresh": age is not None and observation_fresh(age, config.metrics_interval_seconds),
+        "capacity_accounting_source": ledger.source(target_id, now).value,
+        "rolling": _rolling(core, core.factors.get(target_id)),
+        "programs": [_program(core, p, now) for p in attributed],
+    }
+
+
+def _rolling(core: Core, factors: RankFactors | None) -> dict[str, Any]:
+    window = core.config.stats_window_size
+    if factors is None:
+        return {
+            "request_samples": 0,
+            "continuity_samples": 0,
+            "ttl_pause_samples": 0,
+            "request_window_complete": False,
+            "continuity_window_complete": False,
+            "window_size": window,
+        }
+    impact = factors.average_cache_miss_impact_seconds()
+    return {
+        "request_samples": factors.request_sample_count,
+        "continuity_samples": factors.continuity_sample_count,
+        "ttl_pause_samples": factors.ttl_pause_sample_count,
+        "request_window_complete": factors.request_window_complete(),
+        "continuity_window_complete": factors.continuity_window_complete(),
+        "window_size": window,
+        "avg_prompt_tokens": factors.average_prompt_tokens(),
+        "avg_completion_tokens": factors.average_completion_tokens(),
+        "avg_cached_prompt_tokens": factors.average_cached_prompt_tokens(),
+        "avg_cached_prompt_ratio": factors.average_cached_prompt_ratio(),
+        "avg_context_growth_tokens": factors.average_context_growth_tokens(),
+        "avg_e2e_seconds": factors.average_e2e_seconds(),
+        "avg_decode_seconds": factors.average_decode_seconds(),
+        "avg_router_queue_seconds": factors.average_queue_seconds(),
+        "avg_rounds_since_ttl_pause": factors.average_rounds_since_ttl_pause(),
+        "avg_cache_miss_impact_seconds": impact,
+        "request_throughput_per_second": factors.request_throughput_per_second(),
+        "fitted_acting_ttl_seconds": fitted_acting_ttl_for_rank(
+            factors, impact, core.config.max_acting_ttl_seconds
+        ),
+    }
+
+
+def _remaining(deadline: float | None, now: float) -> float | None:
+    return None if deadline is None else max(0.0, deadline - now)
+
+
+def _program(core: Core, program: Program, now: float) -> dict[str, Any]:
+    identity = program.identity
+    front = core.pool.front_hints(program)
+    hints = front if front is not None else program.last_hints
+    decode_buffer = core.config.decode_buffer_tokens
+    return {
+        "program": program.redacted,
+        "generation": program.ref.generation,
+        "state": program.state.value,
+        "status": program.status.value,
+        "expected_resume": identity.expected_resume,
+        "task_id": identity.task_id,
+        "session_id": identity.session_id,
+        "agent_id": identity.agent_id,
+        "parent_program_id": identity.parent_program_id,
+        "root_program_id": core.lineage.root_readonly(program.ref.model_pool, program.ref.program_id),
+        "blocks_parent": identity.blocks_parent,
+        "agent_role": identity.agent_role,
+        "spawn_reason": identity.spawn_reason,
+        "step_id": program.step_id,
+        "request_id": hints.request_id,
+        "request_priority": hints.priority,
+        "request_deadline_seconds": hints.deadline_seconds,
+        "expected_output_tokens": hints.expected_output_tokens,
+        "kv_retention_ttl_seconds": hints.kv_retention_ttl_seconds,
+        "home_target": program.home_target,
+        "last_target": program.last_target,
+        "placement": program.placement,
+        "estimated_context_tokens": program.estimated_context_tokens,
+        "shared_prefix_tokens": program.shared_prefix_tokens,
+        "shared_prefix_freshness_remaining_seconds": _remaining(program.shared_prefix_fresh_until, now),
+        "logical_tokens": program.estimated_context_tokens + decode_buffer,
+        "private_tokens": program_private_tokens(program, decode_buffer),
+        "charged_tokens": program.charged_tokens,
+        "in_flight_requests": program.in_flight,
+        "waiting_requests": core.pool.waiting(program),
+        "completed_requests": program.completed_requests,
+        "segment_served_rounds": program.segment_served_rounds,
+        "rounds_since_activation": program.rounds_since_activation,
+        "rounds_since_ttl_pause": program.rounds_since_ttl_pause,
+        "pause_when_idle": program.pause_when_idle,
+        "pause_reason": None if program.last_pause_reason is None else program.last_pause_reason.value,
+        "acting_seconds": None if program.acting_since is None else max(0.0, now - program.acting_since),
+        "queued_seconds": None if program.queued_at is None else max(0.0, now - program.queued_at),
+        "ttl_remaining_seconds": _remaining(program.ttl_deadline, now),
+        "force_resume_remaining_seconds": _remaining(program.force_resume_deadline, now),
+        "force_resume_timeout_seconds": program.force_resume_timeout,
+        "force_resume_active_remaining_rounds": program.force_resume_active_remaining_rounds,
+        "force_resume_pool_remaining_rounds": program.force_resume_pool_remaining_rounds,
+        "force_resume_request_throughput_per_second": program.force_resume_request_throughput_per_second,
+    }

@@ -1,0 +1,217 @@
+"""Capacity accounting: how many logical KV tokens each Rank's Active Programs hold. Accounting only.
+
+Two sources, upstream §4.3. The *router ledger* is the sum of the private tokens charged by the Active
+Programs placed on a Rank; ``ProgramTable`` charges at activation and discharges on every way out of Active,
+policy re-charges when a Program's demand changes. The *backend observation* is vLLM's own KV usage,
+scraped by a shell: ``begin_observation`` checkpoints each Rank's ledger delta before the scrape,
+``apply_observations`` rebases the delta on the checkpoint, so capacity committed while the scrape was in
+flight is kept (capacity 1000, usage 0.5, +50 after the checkpoint → 550). A fresh observation with a token
+estimate wins; otherwise the ledger is used, and the ``capacity_accounting_source`` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from progrouter.program.policy import (
+    CapacityAccountingSource,
+    capacity_accounting_source,
+    estimate_active_program_tokens,
+    observation_fresh,
+    private_tokens,
+    target_usage,
+)
+from progrouter.program.types import BackendObservation
+
+if TYPE_CHECKING:
+    from progrouter.program.state import Program, RankPrograms
+
+
+def program_private_tokens(
+    program: Program, decode_buffer_tokens: int, expected_output_tokens: int | None = None
+) -> int:
+    """A Program's private demand: max(0, context − shared prefix) + (expected output, else decode buffer)."""
+    return private_tokens(
+        program.estimated_context_tokens,
+        program.shared_prefix_tokens,
+        expected_output_tokens=expected_output_tokens,
+        output_token_reservation=program.output_token_reservation,
+        decode_buffer_tokens=decode_buffer_tokens,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RankCheckpoint:
+    """What the router believed about one Rank when a scrape began."""
+
+    delta: int
+    active_reasoning_programs: int
+    active_reasoning_requests: int
+    reasoning_private_tokens: int
+    acting_private_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationEpoch:
+    """Token for one scrape: pass it back to ``apply_observations`` with what the scrape found."""
+
+    revision: int
+    started_at: float
+    checkpoints: Mapping[str, RankCheckpoint]
+
+
+@dataclass(slots=True)
+class RankAccount:
+    """One Rank's ledger and its latest backend observation."""
+
+    ledger_tokens: int = 0
+    delta: int = 0  # ledger changes since the last applied observation's checkpoint
+    observation: BackendObservation | None = None
+    observed_at: float | None = None
+    native_used_tokens: float | None = None
+    est_reasoning_tokens: float | None = None
+    est_active_program_tokens: float | None = None
+    checkpoint: RankCheckpoint | None = None
+    reported_source: CapacityAccountingSource | None = None
+
+
+class CapacityLedger:
+    """Per-Rank accounts. Every change marks the Rank ``dirty`` so scheduling re-examines it."""
+
+    def __init__(self, capacity_tokens: int | None, metrics_interval_seconds: float) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.metrics_interval_seconds = metrics_interval_seconds
+        self.accounts: dict[str, RankAccount] = {}
+        self.dirty: set[str] = set()
+        self.revision = 0
+
+    def account(self, target_id: str) -> RankAccount:
+        account = self.accounts.get(target_id)
+        if account is None:
+            account = self.accounts[target_id] = RankAccount()
+        return account
+
+    def forget(self, target_id: str) -> None:
+        """Drop a removed Rank's account and observation (its Programs were discharged already)."""
+        self.accounts.pop(target_id, None)
+        self.dirty.discard(target_id)
+
+    # -------------------------------------------------------------------------------------------- ledger
+    def charge(self, program: Program, target_id: str, tokens: int) -> None:
+        account = self.account(target_id)
+        account.ledger_tokens += tokens
+        account.delta += tokens
+        program.charged_tokens = tokens
+        self.dirty.add(target_id)
+
+    def recharge(self, program: Program, tokens: int) -> None:
+        """An Active Program's demand changed (growth at arrival, completion): move the ledger by the diff."""
+        target = program.placement
+        if target is None:
+            return
+        diff = tokens - program.charged_tokens
+        if diff:
+            account = self.account(target)
+            account.ledger_tokens += diff
+            account.delta += diff
+            program.charged_tokens = tokens
+            self.dirty.add(target)
+
+    def discharge(self, program: Program, target_id: str) -> None:
+        account = self.accounts.get(target_id)
+        if account is not None:
+            account.ledger_tokens -= program.charged_tokens
+            account.delta -= program.charged_tokens
+            self.dirty.add(target_id)
+        program.charged_tokens = 0
+
+    # ------------------------------------------------------------------------------------------- reading
+    def observation_age(self, target_id: str, now: float) -> float | None:
+        account = self.accounts.get(target_id)
+        if account is None or account.observed_at is None:
+            return None
+        return max(0.0, now - account.observed_at)
+
+    def fresh_observation(self, target_id: str, now: float) -> BackendObservation | None:
+        """The Rank's observation if it is at most three polling intervals old."""
+        account = self.accounts.get(target_id)
+        if account is None or account.observed_at is None or account.observation is None:
+            return None
+        if not observation_fresh(now - account.observed_at, self.metrics_interval_seconds):
+            return None
+        return account.observation
+
+    def source(self, target_id: str, now: float) -> CapacityAccountingSource:
+        account = self.accounts.get(target_id)
+        has_observation = account is not None and account.observed_at is not None
+        age = self.observation_age(target_id, now)
+        return capacity_accounting_source(
+            has_observation=has_observation,
+            fresh=age is not None and observation_fresh(age, self.metrics_interval_seconds),
+            has_token_estimate=account is not None and account.est_active_program_tokens is not None,
+        )
+
+    def usage(self, target_id: str, now: float) -> float:
+        """Managed tokens in use on the Rank: a fresh backend estimate plus later deltas, else the ledger."""
+        account = self.accounts.get(target_id)
+        if account is None:
+            return 0.0
+        observed_at = account.observed_at
+        return target_usage(
+            fresh=observed_at is not None
+            and observation_fresh(now - observed_at, self.metrics_interval_seconds),
+            est_active_program_tokens=account.est_active_program_tokens,
+            delta_since_checkpoint=account.delta,
+            ledger_tokens=account.ledger_tokens,
+        )
+
+    def ledger_tokens(self, target_id: str) -> int:
+        account = self.accounts.get(target_id)
+        return 0 if account is None else account.ledger_tokens
+
+    # --------------------------------------------------------------------------------------- observation
+    def checkpoint(self, target_id: str, rank: RankPrograms) -> RankCheckpoint:
+        """The router's view of a Rank as a scrape begins (charged tokens = the Programs' private demand)."""
+        return RankCheckpoint(
+            delta=self.account(target_id).delta,
+            active_reasoning_programs=len(rank.reasoning),
+            active_reasoning_requests=sum(p.in_flight for p in rank.reasoning),
+            reasoning_private_tokens=sum(p.charged_tokens for p in rank.reasoning),
+            acting_private_tokens=sum(p.charged_tokens for p in rank.acting),
+        )
+
+    def apply(
+        self, now: float, epoch: ObservationEpoch, observations: Mapping[str, BackendObservation]
+    ) -> list[str]:
+        """Store each observed Rank's conversion; returns the Ranks updated. A changed revision is refused
+        by the caller before this point; a Rank that is no longer tracked is skipped."""
+        updated = []
+        for target_id, observation in observations.items():
+            checkpoint = epoch.checkpoints.get(target_id)
+            account = self.accounts.get(target_id)
+            if checkpoint is None or account is None:
+                continue
+            capacity = self.capacity_tokens
+            account.observation = observation
+            account.observed_at = now
+            account.checkpoint = checkpoint
+            account.native_used_tokens = None if capacity is None else observation.kv_cache_usage * capacity
+            account.est_active_program_tokens = estimate_active_program_tokens(
+                observation.kv_cache_usage,
+                capacity,
+                observation.running,
+                checkpoint.active_reasoning_programs,
+                checkpoint.reasoning_private_tokens,
+                checkpoint.acting_private_tokens,
+            )
+            account.est_reasoning_tokens = (
+                None
+                if account.est_active_program_tokens is None
+                else account.est_active_program_tokens - checkpoint.acting_private_tokens
+            )
+            account.delta -= checkpoint.delta
+            self.dirty.add(target_id)
+            updated.append(target_id)
+        return updated

@@ -1,0 +1,393 @@
+"""What happens to a Program after admission: completion, Progress-TTL, pauses, repair and release.
+
+- Completion (upstream §3.10): usage becomes rolling samples and segment bookkeeping; an idle Program then
+  either terminates, pauses (failed request, or marked by capacity repair) or arms its acting TTL — the
+  request's ``kv_retention_ttl_seconds`` if given, else the TTL fitted to the Rank's continuity window
+  (0 until that window is complete, which pauses the Program at once).
+- TTL expiry pauses an idle Active+Acting Program (``ttl_expired``) and records its segment rounds.
+- Segment yield (§3.11): a Program that served ``max_segment_rounds`` continuous rounds yields to a waiter of
+  its Rank that future relief does not already cover; it resumes with a one-shot lower rank.
+- Capacity repair (§3.12): above the high watermark, idle Acting Programs pause and Reasoning ones are marked
+  to pause at their idle boundary, by score, until the projection is back under the low watermark.
+- Paused retention (§3.14) releases idle Paused Programs; every release keeps the generation counter for a
+  while so late completions stay fenced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from progrouter.program.admission import required_tokens
+from progrouter.program.factors import ContinuitySample, RequestSample
+from progrouter.program.ledger import program_private_tokens
+from progrouter.program.outcomes import ProgramDispatch
+from progrouter.program.policy import (
+    RepairVictim,
+    cache_continuous,
+    completion_cache_miss_impact,
+    context_growth,
+    fitted_acting_ttl_for_rank,
+    plan_capacity_repair,
+    projected_usage,
+    repair_average_completion,
+    repair_score,
+    shared_prefix_freshness_seconds,
+)
+from progrouter.program.state import PauseReason, ProgramState, ProgramStatus
+from progrouter.program.timers import TimerKind
+from progrouter.program.types import UsageObservation
+
+if TYPE_CHECKING:
+    from progrouter.program.core import Core
+    from progrouter.program.state import Program
+
+GENERATION_FENCE_MIN_SECONDS = 60.0
+
+
+# --------------------------------------------------------------------------------------------- arrival side
+def record_continuity(core: Core, program: Program, now: float) -> None:
+    """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
+    finished = program.last_request_finished_at
+    target = program.last_target
+    if program.in_flight or finished is None or target is None or target not in core.targets:
+        return
+    interval = max(0.0, now - finished)
+    core.rank_factors(target).push_continuity(
+        ContinuitySample(interval, program.last_cache_miss_impact_seconds)
+    )
+    core.observer.histogram("request_interval_seconds", interval, target=target)
+    core.observer.event(
+        "debug",
+        "continuity_sample",
+        program=program.redacted,
+        target=target,
+        interval_seconds=interval,
+        cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
+    )
+
+
+def observe_context(program: Program, prompt_tokens: int) -> None:
+    """Growth applies at once; a shrink only after two consecutive lower observations."""
+    if prompt_tokens >= program.estimated_context_tokens:
+        program.estimated_context_tokens = prompt_tokens
+        program.context_shrink_observations = 0
+        return
+    program.context_shrink_observations += 1
+    if program.context_shrink_observations >= 2:
+        program.estimated_context_tokens = prompt_tokens
+        program.context_shrink_observations = 0
+
+
+# ------------------------------------------------------------------------------------------------ completion
+def complete(
+    core: Core,
+    program: Program,
+    dispatch: ProgramDispatch,
+    now: float,
+    *,
+    success: bool,
+    usage: UsageObservation | None,
+    decode_seconds: float | None,
+    terminate: bool,
+) -> None:
+    """Apply one (current-epoch) completion; the caller already checked it is not stale."""
+    config = core.config
+    target = dispatch.target.id
+    factors = core.rank_factors(target)
+    usage = usage or UsageObservation()
+    prompt = usage.prompt_tokens if usage.prompt_tokens is not None else dispatch.estimated_context_tokens
+    explicit_cached = usage.cached_tokens
+    cached = min(
+        prompt,
+        explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
+    )
+    impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix_tokens)
+    hint_ttl = dispatch.hints.kv_retention_ttl_seconds
+    idle = core.table.request_finished(program)
+    if usage.prompt_tokens is not None:
+        observe_context(program, usage.prompt_tokens)
+    if success:
+        _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
+        completion = usage.completion_tokens or 0
+        previous = program.last_context_tokens
+        factors.push_request(
+            RequestSample(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cached_prompt_tokens=cached,
+                context_growth_tokens=context_growth(prompt, previous if previous > 0 else None),
+                e2e_seconds=max(0.0, now - dispatch.dispatched_at),
+                decode_seconds=decode_seconds,
+                queue_seconds=dispatch.queued_seconds,
+                rounds_since_ttl_pause=program.rounds_since_ttl_pause,
+                finished_at=now,
+            )
+        )
+        core.ledger.dirty.add(target)  # the growth reserve and target rounds may have moved
+        program.last_context_tokens = prompt
+        program.last_completion_tokens = completion
+        program.lifetime_generated_tokens += completion
+        program.last_request_finished_at = now
+        program.last_cache_miss_impact_seconds = impact
+    program.output_token_reservation = None
+    if program.active and not program.pause_when_idle:
+        core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
+    if not idle:
+        return
+    if terminate or program.terminate_when_idle:
+        release(core, program, now)
+        return
+    if program.pause_when_idle:
+        pause(core, program, PauseReason.CAPACITY_REPAIR, now)
+        return
+    if not success:
+        pause(core, program, PauseReason.REQUEST_FAILED, now)
+        return
+    if hint_ttl is not None:
+        ttl, source = hint_ttl, "request_hint"
+    else:
+        ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)
+        source = "fitted"
+    arm_ttl(core, program, ttl, source, now)
+    if program.active and not config.binding_only:
+        segment_yield(core, program, now)
+
+
+def _segment_bookkeeping(
+    core: Core,
+    program: Program,
+    dispatch: ProgramDispatch,
+    now: float,
+    prompt: int,
+    cached: int,
+    explicit_cached: int | None,
+    impact: float,
+) -> None:
+    target = dispatch.target.id
+    observer = core.observer
+    previous = program.last_context_tokens
+    continuous = cache_continuous(previous if previous > 0 else None, cached)
+    if dispatch.placement_start_request and (previous <= 0 or not continuous):
+        program.segment_served_rounds = 0
+        program.segment_started_at = dispatch.dispatched_at
+        fresh_until = program.shared_prefix_fresh_until
+        if not program.shared_prefix_observed or fresh_until is None or now >= fresh_until:
+            # Missing cached usage is no evidence of a shared prefix: it observes 0.
+            program.shared_prefix_tokens = explicit_cached or 0
+            program.shared_prefix_observed = True
+            program.shared_prefix_anchor_at = now
+            program.shared_prefix_fresh_until = now + shared_prefix_lifetime(core, target)
+            if explicit_cached is not None:
+                observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
+    program.completed_requests += 1
+    program.segment_served_rounds += 1
+    if continuous:
+        program.rounds_since_activation += 1
+        program.rounds_since_ttl_pause += 1
+    if (
+        explicit_cached is not None
+        and previous > 0
+        and not dispatch.placement_start_request
+        and not continuous
+    ):
+        uncached = max(0, prompt - explicit_cached)
+        observer.event(
+            "info",
+            "unexpected_cache_discontinuity",
+            program=program.redacted,
+            target=target,
+            prompt_tokens=prompt,
+            cached_tokens=explicit_cached,
+            previous_context_tokens=previous,
+            hit_ratio_vs_previous=explicit_cached / previous,
+            uncached_tokens=uncached,
+            estimated_miss_tokens=max(0, previous - explicit_cached),
+            cache_miss_impact_seconds=impact,
+            segment_served_rounds=program.segment_served_rounds,
+        )
+    observer.event(
+        "debug",
+        "cache_observation",
+        program=program.redacted,
+        target=target,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        explicit_cached=explicit_cached is not None,
+        continuous=continuous,
+        cache_miss_impact_seconds=impact,
+    )
+    observer.histogram("cache_miss_impact_seconds", impact, target=target)
+
+
+def shared_prefix_lifetime(core: Core, target_id: str) -> float:
+    """How long one shared-prefix observation stays credible on this Rank (§3.15)."""
+    config = core.config
+    factors = core.factors.get(target_id)
+    if factors is None:
+        return config.shared_prefix_freshness_warmup_seconds
+    return shared_prefix_freshness_seconds(
+        config.shared_prefix_freshness_warmup_seconds,
+        config.shared_prefix_freshness_kv_turnovers,
+        config.token_capacity_per_dp_rank,
+        factors.average_e2e_seconds(),
+        len(core.table.rank(target_id).reasoning),
+        factors.average_uncached_prompt_tokens(),
+        factors.request_window_complete(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Progress-TTL
+def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -> None:
+    """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
+    target = program.placement
+    assert target is not None
+    ttl = max(0.0, ttl)
+    program.acting_since = now
+    program.ttl_deadline = now + ttl
+    core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
+    core.observer.event(
+        "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
+    )
+    if ttl <= 0.0:
+        expire_ttl(core, program, now)
+    else:
+        core.timers.add(now + ttl, TimerKind.ACTING_TTL, program)
+
+
+def ttl_due(program: Program, when: float) -> bool:
+    return (
+        program.phase == (ProgramState.ACTIVE, ProgramStatus.ACTING)
+        and program.ttl_deadline is not None
+        and program.ttl_deadline <= when
+    )
+
+
+def expire_ttl(core: Core, program: Program, now: float) -> None:
+    target = program.placement
+    assert target is not None
+    rounds = program.segment_served_rounds - program.ttl_pause_sampled_segment_rounds
+    core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
+    program.ttl_pause_sampled_segment_rounds = program.segment_served_rounds
+    program.rounds_since_ttl_pause = 0
+    pause(core, program, PauseReason.TTL_EXPIRED, now)
+
+
+# ------------------------------------------------------------------------------------------ pause / release
+def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None:
+    """An idle Active Program gives its placement up; its KV is no longer protected."""
+    released = program.charged_tokens
+    target = core.table.pause(program)
+    program.paused_at = now
+    program.last_pause_reason = reason
+    program.acting_since = None
+    program.ttl_deadline = None
+    anchor, fresh_until = program.shared_prefix_anchor_at, program.shared_prefix_fresh_until
+    if anchor is not None and fresh_until is not None:
+        program.shared_prefix_anchor_at = now
+        program.shared_prefix_fresh_until = now + max(0.0, fresh_until - anchor)
+    core.observer.transition(target, reason.value)
+    core.observer.event(
+        "info",
+        "program_pause",
+        program=program.redacted,
+        target=target,
+        reason=reason.value,
+        released_private_tokens=released,
+    )
+    core.timers.add(now + core.config.paused_retention_ttl_seconds, TimerKind.PAUSED_RETENTION, program)
+
+
+def retention_due(core: Core, program: Program, now: float) -> bool:
+    paused_at = program.paused_at
+    return (
+        program.phase == (ProgramState.PAUSED, ProgramStatus.ACTING)
+        and paused_at is not None
+        and now - paused_at >= core.config.paused_retention_ttl_seconds
+        and core.table.lookup(program.ref) is program
+    )
+
+
+def release(core: Core, program: Program, now: float, *, reason: str | None = None) -> None:
+    """End the generation: capacity, binding and queue entries go; its number stays fenced for a while."""
+    target = program.placement or program.last_target
+    core.queues.remove(program)
+    core.table.release(program)
+    if reason is not None and target is not None:
+        core.observer.transition(target, reason)
+    fence = max(core.config.paused_retention_ttl_seconds, GENERATION_FENCE_MIN_SECONDS)
+    core.timers.add(now + fence, TimerKind.PRUNE_GENERATION, program.key)
+
+
+# --------------------------------------------------------------------------------------------- segment yield
+def future_relief(core: Core, target_id: str) -> int:
+    """Private tokens that marked Reasoning Programs will give back at their idle boundary."""
+    decode_buffer = core.config.decode_buffer_tokens
+    return sum(
+        program_private_tokens(p, decode_buffer)
+        for p in core.table.rank(target_id).marked
+        if p.status is ProgramStatus.REASONING
+    )
+
+
+def segment_yield(core: Core, program: Program, now: float) -> None:
+    """After ``max_segment_rounds`` continuous rounds, yield to a local waiter relief does not cover."""
+    if program.rounds_since_activation < core.config.max_segment_rounds:
+        return
+    target = program.placement
+    assert target is not None
+    queue = core.queues.get(target)
+    waiter = None if queue is None else queue.first()
+    if waiter is None:
+        return
+    if required_tokens(core, waiter) > future_relief(core, target):
+        pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
+
+
+# ------------------------------------------------------------------------------------------- capacity repair
+def capacity_repair(core: Core, target_id: str, now: float) -> None:
+    high, low = core.high_tokens, core.low_tokens
+    if high is None or low is None:
+        return
+    rank = core.table.rank(target_id)
+    if not rank.active_count:
+        return
+    factors = core.factors.get(target_id)
+    avg_completion = repair_average_completion(factors)
+    decode_buffer = core.config.decode_buffer_tokens
+    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING]
+    projected = projected_usage(
+        core.ledger.usage(target_id, now),
+        avg_completion,
+        len(rank.reasoning),
+        sum(program_private_tokens(p, decode_buffer) for p in marked),
+        len(marked),
+    )
+    if projected <= high:
+        return
+    avg_prompt = 0.0 if factors is None else factors.average_prompt_tokens()
+    victims: dict[int, Program] = {}
+    candidates: list[RepairVictim] = []
+    for program in rank.active():
+        reasoning = program.status is ProgramStatus.REASONING
+        if reasoning and (program.pause_when_idle or not program.in_flight):
+            continue
+        started = program.segment_started_at
+        victim = RepairVictim(
+            program_id=program.ref.program_id,
+            reasoning=reasoning,
+            score=repair_score(
+                0.0 if started is None else max(0.0, now - started),
+                program.estimated_context_tokens if reasoning else program.last_context_tokens,
+                avg_prompt,
+            ),
+            private_tokens=program_private_tokens(program, decode_buffer),
+        )
+        victims[id(victim)] = program
+        candidates.append(victim)
+    for victim in plan_capacity_repair(projected, high, low, candidates, avg_completion):
+        program = victims[id(victim)]
+        if victim.reasoning:
+            core.table.set_marked(program, True)
+            core.observer.transition(target_id, "capacity_repair_mark")
+        else:
+            pause(core, program, PauseReason.CAPACITY_REPAIR, now)

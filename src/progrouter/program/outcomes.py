@@ -1,0 +1,53 @@
+"""The values that cross the scheduler API: a request arriving, and what became of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from progrouter.program.pool import RequestHandle
+from progrouter.program.state import ProgramRef
+from progrouter.program.types import ProgramIdentity, RequestHints
+from progrouter.routing.target import Target
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramRequest:
+    """A request with Program identity. ``routing_text`` is only kept for ``cache_aware`` binding."""
+
+    identity: ProgramIdentity
+    hints: RequestHints
+    model_pool: str
+    estimated_context_tokens: int
+    routing_text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramDispatch:
+    """A request sent to its Rank. Hand it back to ``complete`` exactly once, whatever happens to it."""
+
+    handle: RequestHandle
+    target: Target
+    program: ProgramRef
+    placement_epoch: int
+    estimated_context_tokens: int
+    arrived_at: float
+    dispatched_at: float
+    queued_seconds: float
+    hints: RequestHints
+    placement_start_request: bool  # the first request of this placement (a segment may start here)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    handle: RequestHandle
+    dispatch: ProgramDispatch
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The request stayed in the RequestPool past its queue timeout: answer 429 (``QueueTimeout``)."""
+
+    handle: RequestHandle
+
+
+Outcome = Dispatched | TimedOut

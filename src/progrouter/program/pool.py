@@ -1,0 +1,111 @@
+"""RequestPool: the requests Program scheduling retains while their Program waits for capacity.
+
+One FIFO per Program generation; only its front request can be dispatched, and the front request's hints
+(priority, deadline) are what resume ordering sees. A request can leave from any position (its client went
+away, or its queue timeout passed). The pool only keeps requests; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from progrouter.program.types import RequestHints
+
+if TYPE_CHECKING:
+    from progrouter.program.state import Program
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHandle:
+    """The shell's token for one arrived request; valid until the request is dispatched or dropped."""
+
+    id: int
+    model_pool: str
+    program_id: str
+    generation: int
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    """One retained request (upstream ``PendingProgramRequest``)."""
+
+    handle: RequestHandle
+    arrived_at: float
+    estimated_context_tokens: int
+    routing_text: str | None
+    hints: RequestHints
+    queue_deadline: float  # arrival + min(queue_timeout, deadline_seconds)
+
+
+class RequestPool:
+    """Per-Program FIFOs plus a handle index, so cancellation finds a request in O(1)."""
+
+    def __init__(self) -> None:
+        self._fifos: dict[Program, OrderedDict[int, PendingRequest]] = {}
+        self._owner: dict[int, Program] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        """Retained requests across all Programs (diagnostics' ``retained_requests``)."""
+        return len(self._owner)
+
+    def new_handle(self, program: Program) -> RequestHandle:
+        ref = program.ref
+        return RequestHandle(next(self._ids), ref.model_pool, ref.program_id, ref.generation)
+
+    def push(self, program: Program, request: PendingRequest) -> None:
+        fifo = self._fifos.get(program)
+        if fifo is None:
+            fifo = self._fifos[program] = OrderedDict()
+        fifo[request.handle.id] = request
+        self._owner[request.handle.id] = program
+
+    def waiting(self, program: Program) -> int:
+        fifo = self._fifos.get(program)
+        return len(fifo) if fifo is not None else 0
+
+    def front(self, program: Program) -> PendingRequest | None:
+        fifo = self._fifos.get(program)
+        if not fifo:
+            return None
+        return next(iter(fifo.values()))
+
+    def front_hints(self, program: Program) -> RequestHints | None:
+        front = self.front(program)
+        return front.hints if front is not None else None
+
+    def pop_front(self, program: Program) -> PendingRequest:
+        """Take the front request out for dispatch."""
+        fifo = self._fifos[program]
+        _, request = fifo.popitem(last=False)
+        del self._owner[request.handle.id]
+        if not fifo:
+            del self._fifos[program]
+        return request
+
+    def owner(self, handle: RequestHandle) -> Program | None:
+        """The Program a retained request belongs to, or None if it is no longer retained."""
+        return self._owner.get(handle.id)
+
+    def get(self, handle: RequestHandle) -> PendingRequest | None:
+        program = self._owner.get(handle.id)
+        return None if program is None else self._fifos[program].get(handle.id)
+
+    def remove(self, handle: RequestHandle) -> tuple[PendingRequest, bool] | None:
+        """Take a retained request out from anywhere; returns it and whether it was the front."""
+        program = self._owner.pop(handle.id, None)
+        if program is None:
+            return None
+        fifo = self._fifos[program]
+        was_front = next(iter(fifo)) == handle.id
+        request = fifo.pop(handle.id)
+        if not fifo:
+            del self._fifos[program]
+        return request, was_front
+
+    def requests(self, program: Program) -> list[PendingRequest]:
+        fifo = self._fifos.get(program)
+        return list(fifo.values()) if fifo is not None else []

@@ -1,0 +1,447 @@
+"""``ProgramScheduler``: the sans-I/O Program scheduling core, driven by shells with an explicit ``now``.
+
+The shell reports events — a request with Program identity arrives, a dispatched request completes, a client
+goes away, a scrape of the Ranks' metrics begins and ends, time passes — and collects decisions with
+``take_outcomes`` (``Dispatched``: send it to that Rank; ``TimedOut``: answer 429). ``next_deadline`` says
+when the next time-driven decision falls due, so a shell can sleep exactly until then. Nothing here does
+I/O, reads a clock, or logs: metrics and log events go to the ``SchedulerObserver``.
+
+Each event first runs the timers that fell due (acting TTLs, paused retention, force-resume deadlines, queue
+timeouts), then the event itself, then the decisions of the Ranks it touched (capacity repair, then admission
+in resume order). ``tick`` adds what only the periodic pass does: repair on every Rank, cross-Rank resume
+(``global_queue``), the capacity-accounting source changes, and the gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from progrouter.config import ProgramSchedulingConfig
+from progrouter.program import lifecycle
+from progrouter.program.admission import (
+    AdmissionPlan,
+    commit_admission,
+    dispatch_retained,
+    rank_view,
+    required_tokens,
+)
+from progrouter.program.binding import binding_candidates
+from progrouter.program.core import Core
+from progrouter.program.diagnostics import publish_gauges, report_accounting_sources, snapshot
+from progrouter.program.ledger import ObservationEpoch, program_private_tokens
+from progrouter.program.observer import NullObserver, SchedulerObserver
+from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest, TimedOut
+from progrouter.program.pool import PendingRequest, RequestHandle
+from progrouter.program.resume import cross_rank_pass, enqueue, requeue, schedule_target
+from progrouter.program.state import PA, Program, ProgramState
+from progrouter.program.timers import TimerKind
+from progrouter.program.types import BackendObservation, NoTargets, UsageObservation
+from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.routing.target import Target
+
+__all__ = [
+    "Dispatched",
+    "ObservationEpoch",
+    "Outcome",
+    "ProgramDispatch",
+    "ProgramRequest",
+    "ProgramScheduler",
+    "RequestHandle",
+    "TimedOut",
+]
+
+
+class ProgramScheduler:
+    """One scheduler for every model pool of a router. Not thread-safe: drive it from one task."""
+
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        *,
+        observer: SchedulerObserver | None = None,
+        cache_index: CacheAwareIndex | None = None,
+    ) -> None:
+        self.config = config
+        self._core = Core(config, observer or NullObserver(), cache_index)
+
+    # ------------------------------------------------------------------------------------------- targets
+    def set_targets(self, model_pool: str, targets: Sequence[Target], now: float) -> None:
+        """The healthy Ranks of a pool. Programs on a Rank that vanished fail over (``health_failover``)."""
+        core = self._core
+        self._advance(now)
+        by_id = {t.id: t for t in targets}
+        new_ids = sorted(by_id)
+        old_ids = core.pool_targets.get(model_pool)
+        if old_ids == new_ids:
+            core.targets.update(by_id)
+            return
+        core.ledger.revision += 1
+        core.pool_targets[model_pool] = new_ids
+        core.binder.pool_changed(model_pool)
+        for target_id, target in by_id.items():
+            core.targets[target_id] = target
+            core.target_pools.setdefault(target_id, set()).add(model_pool)
+            core.ledger.account(target_id)
+        removed = sorted(set(old_ids or ()) - set(new_ids))
+        moved: list[Program] = []
+        for target_id in removed:
+            core.target_pools[target_id].discard(model_pool)
+            rank = core.table.rank(target_id)
+            moved.extend(p for p in rank.attributed if p.ref.model_pool == model_pool)
+        if new_ids:
+            moved.extend(core.table.unbound(model_pool))
+        for program in sorted(moved, key=lambda p: p.serial):
+            self._fail_over(program, now)
+        for target_id in removed:
+            if not core.target_pools[target_id]:
+                self._forget_target(target_id)
+        self._decide(now)
+
+    def _forget_target(self, target_id: str) -> None:
+        core = self._core
+        del core.target_pools[target_id]
+        del core.targets[target_id]
+        core.factors.pop(target_id, None)
+        core.ledger.forget(target_id)
+        core.binder.remove_target(target_id)
+        core.queues.drop_target(target_id)
+        core.table.forget_rank(target_id)
+
+    def _fail_over(self, program: Program, now: float) -> None:
+        """The Program's Rank left its pool: forget the placement, rebind by strategy, queue again."""
+        core = self._core
+        old = program.last_target
+        core.table.invalidate(program)
+        if old is not None:
+            core.observer.transition(old, "health_failover")
+        self._rebind(program, now)
+        if core.pool.waiting(program):
+            enqueue(core, program, now)
+        elif program.phase == PA:
+            core.timers.add(
+                now + self.config.paused_retention_ttl_seconds, TimerKind.PAUSED_RETENTION, program
+            )
+
+    def _rebind(self, program: Program, now: float) -> None:
+        """A new home for a Paused Program by its binding strategy (None while its pool has no Rank)."""
+        core = self._core
+        core.queues.remove(program)
+        front = core.pool.front(program)
+        home = self._bind(
+            program.ref.model_pool,
+            program.identity.placement_hash_key,
+            None if front is None else front.routing_text,
+            program.estimated_context_tokens,
+            now,
+        )
+        core.table.rebind(program, home)
+        program.paused_at = now
+        program.ttl_deadline = None
+        program.acting_since = None
+        program.segment_started_at = None
+        program.shared_prefix_observed = False  # the next segment observes the shared prefix afresh
+
+    def _bind(
+        self, model_pool: str, hash_key: str, routing_text: str | None, context_tokens: int, now: float
+    ) -> str | None:
+        core = self._core
+        target_ids = core.pool_targets.get(model_pool)
+        if not target_ids:
+            return None
+        return core.binder.choose(
+            model_pool,
+            target_ids,
+            hash_key,
+            routing_text,
+            lambda: binding_candidates(core, model_pool, context_tokens, now),
+            self.config.token_capacity_per_dp_rank,
+        )
+
+    def tracked_targets(self) -> list[Target]:
+        """Ranks of the pools that have seen Program traffic: the ones worth polling."""
+        core = self._core
+        ids = {t for pool in core.tracked_pools for t in core.pool_targets.get(pool, ())}
+        return [core.targets[t] for t in sorted(ids)]
+
+    # -------------------------------------------------------------------------------------------- events
+    def arrive(self, now: float, request: ProgramRequest) -> RequestHandle:
+        """Retain a request of a Program; it is dispatched now or later (see ``take_outcomes``)."""
+        core = self._core
+        config = self.config
+        model_pool = request.model_pool
+        if not core.pool_targets.get(model_pool):
+            raise NoTargets()
+        core.tracked_pools.add(model_pool)
+        self._advance(now)
+        identity, hints = request.identity, request.hints
+        program = core.table.get(model_pool, identity.program_id)
+        if program is None:
+            home = self._bind(
+                model_pool,
+                identity.placement_hash_key,
+                request.routing_text,
+                request.estimated_context_tokens,
+                now,
+            )
+            program = core.table.materialize(now, model_pool, identity, home)
+            program.paused_at = now
+            program.step_id = identity.step_id if identity.step_id is not None else 0
+        else:
+            lifecycle.record_continuity(core, program, now)
+            program.identity = identity
+            program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
+        core.lineage.observe(
+            model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
+        )
+        program.estimated_context_tokens = max(
+            program.estimated_context_tokens, request.estimated_context_tokens
+        )
+        program.output_token_reservation = hints.expected_output_tokens
+        program.last_hints = hints
+        core.table.retain(program)
+        handle = core.pool.new_handle(program)
+        timeout = config.queue_timeout_seconds
+        if hints.deadline_seconds is not None:
+            timeout = min(timeout, hints.deadline_seconds)
+        core.pool.push(
+            program,
+            PendingRequest(
+                handle=handle,
+                arrived_at=now,
+                estimated_context_tokens=request.estimated_context_tokens,
+                routing_text=request.routing_text if core.binder.keeps_text else None,
+                hints=hints,
+                queue_deadline=now + timeout,
+            ),
+        )
+        if not program.active and program.last_target not in core.pool_targets[model_pool]:
+            self._rebind(program, now)
+        if program.active:
+            if not program.pause_when_idle:
+                demand = program_private_tokens(program, config.decode_buffer_tokens)
+                if demand > program.charged_tokens:
+                    core.ledger.recharge(program, demand)
+            dispatch_retained(core, program, now)
+        elif config.binding_only and program.last_target is not None:
+            view = rank_view(core, program.last_target, now)
+            plan = AdmissionPlan(
+                view.target_id, False, False, view.active, view.used, required_tokens(core, program), 0.0
+            )
+            commit_admission(core, program, plan, now)
+        else:
+            enqueue(core, program, now)
+        if core.pool.get(handle) is not None:
+            core.timers.add(now + timeout, TimerKind.QUEUE_TIMEOUT, handle)
+        self._decide(now)
+        return handle
+
+    def cancel(self, now: float, handle: RequestHandle) -> None:
+        """The client of a retained request went away; a dispatched request is ``complete``d instead."""
+        core = self._core
+        self._advance(now)
+        if core.pool.owner(handle) is None:
+            return
+        self._withdraw(handle, now)
+        self._decide(now)
+
+    def _withdraw(self, handle: RequestHandle, now: float) -> None:
+        """A retained request leaves unserved; an unstarted Program with nothing left is released."""
+        core = self._core
+        program = core.pool.owner(handle)
+        removed = core.pool.remove(handle)
+        assert program is not None and removed is not None
+        _, was_front = removed
+        idle = core.table.request_withdrawn(program)
+        if not core.pool.waiting(program):
+            core.queues.remove(program)
+            program.queued_at = None
+            program.force_resume_deadline = None
+        elif was_front:
+            requeue(core, program, now)  # the new front brings its own priority
+        if not idle:
+            return
+        if program.completed_requests == 0:
+            lifecycle.release(core, program, now)
+        elif program.state is ProgramState.PAUSED:
+            if program.paused_at is None:
+                program.paused_at = now
+            retention = self.config.paused_retention_ttl_seconds
+            core.timers.add(program.paused_at + retention, TimerKind.PAUSED_RETENTION, program)
+
+    def complete(
+        self,
+        now: float,
+        dispatch: ProgramDispatch,
+        *,
+        success: bool,
+        usage: UsageObservation | None,
+        decode_seconds: float | None = None,
+        terminate: bool = False,
+    ) -> None:
+        """A dispatched request ended (success, failure or disconnect). Call exactly once per dispatch;
+        ``terminate`` ends the Program when it is idle (the HTTP shell, like upstream, never sets it)."""
+        core = self._core
+        self._advance(now)
+        if core.outstanding.pop(dispatch.handle.id, None) is None:
+            return
+        program = core.table.lookup(dispatch.program)
+        if (
+            program is None
+            or program.placement_epoch != dispatch.placement_epoch
+            or program.placement != dispatch.target.id
+        ):
+            core.observer.event(
+                "debug", "stale_completion", program=dispatch.program.redacted_id(), target=dispatch.target.id
+            )
+            return
+        lifecycle.complete(
+            core,
+            program,
+            dispatch,
+            now,
+            success=success,
+            usage=usage,
+            decode_seconds=decode_seconds,
+            terminate=terminate,
+        )
+        self._decide(now)
+
+    def tick(self, now: float) -> None:
+        """The periodic pass (every ``metrics_interval_seconds``, and at ``next_deadline``)."""
+        core = self._core
+        self._advance(now)
+        report_accounting_sources(core, now)
+        if not self.config.binding_only:
+            for target_id in sorted(core.targets):
+                lifecycle.capacity_repair(core, target_id, now)
+        self._decide(now)
+        if self.config.global_queue and not self.config.binding_only:
+            for model_pool in sorted(core.tracked_pools):
+                cross_rank_pass(core, model_pool, now)
+            self._decide(now)
+        publish_gauges(core, now)
+
+    # ------------------------------------------------------------------------------------- observations
+    def begin_observation(self, now: float) -> ObservationEpoch:
+        """Checkpoint the ledger of every tracked Rank before a scrape of their metrics starts."""
+        core = self._core
+        checkpoints = {
+            t.id: core.ledger.checkpoint(t.id, core.table.rank(t.id)) for t in self.tracked_targets()
+        }
+        return ObservationEpoch(core.ledger.revision, now, checkpoints)
+
+    def apply_observations(
+        self, now: float, epoch: ObservationEpoch, observations: Mapping[str, BackendObservation]
+    ) -> None:
+        """What the scrape found, keyed by target id. Dropped whole if the Rank set changed meanwhile."""
+        core = self._core
+        if epoch.revision != core.ledger.revision:
+            core.observer.event(
+                "warning",
+                "stale_capacity_observation_dropped",
+                epoch_revision=epoch.revision,
+                current_revision=core.ledger.revision,
+            )
+            return
+        self._advance(now)
+        for target_id in core.ledger.apply(now, epoch, observations):
+            account = core.ledger.accounts[target_id]
+            observation = account.observation
+            assert observation is not None
+            core.observer.event(
+                "debug",
+                "capacity_observation",
+                target=target_id,
+                kv_cache_usage=observation.kv_cache_usage,
+                running=observation.running,
+                waiting=observation.waiting,
+                estimated_active_program_tokens=account.est_active_program_tokens,
+                delta_since_checkpoint=account.delta,
+            )
+        self._decide(now)
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def take_outcomes(self) -> list[Outcome]:
+        core = self._core
+        outcomes, core.outcomes = core.outcomes, []
+        return outcomes
+
+    def next_deadline(self) -> float | None:
+        return self._core.timers.next_time(self._timer_valid)
+
+    def diagnostics(self, now: float) -> dict[str, Any]:
+        return snapshot(self._core, now)
+
+    # ---------------------------------------------------------------------------------------- internals
+    def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
+        core = self._core
+        if kind is TimerKind.QUEUE_TIMEOUT:
+            assert isinstance(payload, RequestHandle)
+            return core.pool.owner(payload) is not None
+        if kind is TimerKind.PRUNE_GENERATION:
+            return True
+        assert isinstance(payload, Program)
+        if core.table.lookup(payload.ref) is not payload:
+            return False
+        if kind is TimerKind.ACTING_TTL:
+            return lifecycle.ttl_due(payload, when)
+        if kind is TimerKind.FORCE_RESUME:
+            return payload.queue_key is not None and payload.force_resume_deadline == when
+        paused_at = payload.paused_at
+        retention = self.config.paused_retention_ttl_seconds
+        return payload.phase == PA and paused_at is not None and paused_at + retention == when
+
+    def _advance(self, now: float) -> None:
+        """Run the timers due at ``now``: TTL expiry, retention, force deadlines; queue timeouts last, so a
+        force resume due at the same instant is tried first."""
+        core = self._core
+        due = core.timers.pop_due(now)
+        if not due:
+            return
+        timeouts: list[RequestHandle] = []
+        for _, kind, payload in due:
+            if kind is TimerKind.QUEUE_TIMEOUT:
+                assert isinstance(payload, RequestHandle)
+                timeouts.append(payload)
+                continue
+            if kind is TimerKind.PRUNE_GENERATION:
+                assert isinstance(payload, tuple)
+                core.table.forget_generation(*payload)
+                continue
+            assert isinstance(payload, Program)
+            if core.table.lookup(payload.ref) is not payload:
+                continue
+            if kind is TimerKind.ACTING_TTL:
+                if lifecycle.ttl_due(payload, now):
+                    lifecycle.expire_ttl(core, payload, now)
+            elif kind is TimerKind.PAUSED_RETENTION:
+                if lifecycle.retention_due(core, payload, now):
+                    lifecycle.release(core, payload, now, reason="paused_retention_release")
+            elif payload.queue_key is not None:  # FORCE_RESUME: move it into the forced tier
+                requeue(core, payload, now)
+        self._decide(now)
+        for handle in timeouts:
+            request = core.pool.get(handle)
+            if request is not None and request.queue_deadline <= now:
+                self._withdraw(handle, now)
+                core.outcomes.append(TimedOut(handle))
+        self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        """Repair and schedule every Rank whose capacity changed or that has new candidates."""
+        core = self._core
+        dirty = core.ledger.dirty
+        pending = core.queues.pending_targets
+        repair = not self.config.binding_only
+        while dirty or pending:
+            for target_id in sorted(dirty | pending):
+                full = target_id in dirty
+                pending.discard(target_id)
+                if target_id not in core.targets:
+                    dirty.discard(target_id)
+                    continue
+                if full and repair:
+                    lifecycle.capacity_repair(core, target_id, now)
+                schedule_target(core, target_id, now, full=full)
+                dirty.discard(target_id)

@@ -1,0 +1,399 @@
+"""Program state: who exists, in which state, placed where. Every Program state change happens here.
+
+Theory of operation. A Program is keyed by (model pool, program id) and lives as one *generation* at a time;
+``ProgramRef`` names a generation, so a completion or cancellation of an older generation can never touch a
+newer one. A Program is in one of four phases, the product of two fields:
+
+    state  Active (owns logical KV capacity on its placement Rank) | Paused (no placement)
+    status Reasoning (a request is in flight or retained)          | Acting (between requests: a tool call)
+
+Rules that fence this module in:
+1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
+   ``last_target`` and generations. Everything else about a Program (rounds, timers, shared prefix) is a
+   decision fact the policy modules update.
+2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
+   ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
+   Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
+3. Every activation takes a fresh, scheduler-wide placement epoch; a dispatch remembers it, and a completion
+   whose epoch is not the Program's current one is stale and ignored (the Rank vanished meanwhile, or the
+   generation was replaced — even if a pruned generation number is reused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from progrouter.program.types import ProgramIdentity, RequestHints
+
+if TYPE_CHECKING:
+    from progrouter.program.ledger import CapacityLedger
+    from progrouter.program.pool import RequestPool
+
+
+class ProgramState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class ProgramStatus(StrEnum):
+    REASONING = "reasoning"
+    ACTING = "acting"
+
+
+class PauseReason(StrEnum):
+    TTL_EXPIRED = "ttl_expired"
+    CAPACITY_REPAIR = "capacity_repair"
+    MAX_SEGMENT_YIELD = "max_segment_yield"
+    REQUEST_FAILED = "request_failed"
+    REQUEST_CANCELLED = "request_cancelled"
+
+
+class Event(StrEnum):
+    RETAIN = "retain"  # a request arrived for the Program
+    ACTIVATE = "activate"  # admission committed a placement
+    IDLE = "idle"  # nothing in flight and nothing retained any more
+    PAUSE = "pause"  # an idle Active Program gives its placement up
+    INVALIDATE = "invalidate"  # the placement Rank vanished
+    RELEASE = "release"  # the generation ends
+
+
+Phase = tuple[ProgramState, ProgramStatus]
+#: a Program's place in its Rank queue (resume.py): tiers, order, program id, serial
+QueueKey = tuple[int, int, int, float, float, str, int]
+AR: Phase = (ProgramState.ACTIVE, ProgramStatus.REASONING)
+AA: Phase = (ProgramState.ACTIVE, ProgramStatus.ACTING)
+PR: Phase = (ProgramState.PAUSED, ProgramStatus.REASONING)
+PA: Phase = (ProgramState.PAUSED, ProgramStatus.ACTING)
+
+#: event -> {phase before: phase after}; RELEASE maps to None (the generation is gone).
+TRANSITIONS: dict[Event, dict[Phase, Phase | None]] = {
+    Event.RETAIN: {PA: PR, PR: PR, AA: AR, AR: AR},
+    Event.ACTIVATE: {PR: AR},
+    Event.IDLE: {AR: AA, PR: PA},
+    Event.PAUSE: {AA: PA},
+    Event.INVALIDATE: {AR: PR, AA: PA},
+    Event.RELEASE: {PA: None, AA: None},
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A Program state change the table does not allow: a scheduler bug, never a client error."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramRef:
+    """One generation of a Program. Raw ids go to DEBUG logs only; everything else uses ``redacted_id``."""
+
+    model_pool: str
+    program_id: str
+    generation: int
+
+    def redacted_id(self) -> str:
+        """16 hex digits of a stable hash of the whole ref (stable across processes, unlike ``hash``)."""
+        raw = f"{self.model_pool}\x00{self.program_id}\x00{self.generation}".encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+@dataclass(eq=False, slots=True)
+class Program:
+    """One Program generation: its phase (owned by ``ProgramTable``) and the decision facts policy updates."""
+
+    ref: ProgramRef
+    identity: ProgramIdentity
+    serial: int  # scheduler-wide creation order, a cheap unique tie-break
+    redacted: str
+    created_at: float
+    # --- owned by ProgramTable -----------------------------------------------------------------------
+    state: ProgramState = ProgramState.PAUSED
+    status: ProgramStatus = ProgramStatus.REASONING
+    placement: str | None = None
+    placement_epoch: int = 0
+    placement_start_pending: bool = False
+    in_flight: int = 0
+    home_target: str | None = None
+    last_target: str | None = None
+    # --- ledger (owned by CapacityLedger) ----------------------------------------------------------------
+    charged_tokens: int = 0
+    # --- token accounting -----------------------------------------------------------------------------
+    estimated_context_tokens: int = 0
+    output_token_reservation: int | None = None
+    context_shrink_observations: int = 0
+    shared_prefix_tokens: int = 0
+    shared_prefix_observed: bool = False
+    shared_prefix_anchor_at: float | None = None
+    shared_prefix_fresh_until: float | None = None
+    last_context_tokens: int = 0
+    last_completion_tokens: int = 0
+    lifetime_generated_tokens: int = 0
+    # --- rounds and segments --------------------------------------------------------------------------
+    completed_requests: int = 0
+    segment_served_rounds: int = 0
+    rounds_since_activation: int = 0
+    ttl_pause_sampled_segment_rounds: int = 0
+    rounds_since_ttl_pause: int = 0
+    segment_started_at: float | None = None
+    # --- timing --------------------------------------------------------------------------------------
+    last_request_finished_at: float | None = None
+    last_cache_miss_impact_seconds: float = 0.0
+    acting_since: float | None = None
+    ttl_deadline: float | None = None
+    queued_at: float | None = None
+    paused_at: float | None = None
+    # --- fairness ------------------------------------------------------------------------------------
+    force_resume_deadline: float | None = None
+    force_resume_timeout: float | None = None
+    force_resume_active_remaining_rounds: int | None = None
+    force_resume_pool_remaining_rounds: int | None = None
+    force_resume_request_throughput_per_second: float | None = None
+    # --- pause and termination -----------------------------------------------------------------------
+    last_pause_reason: PauseReason | None = None
+    pause_when_idle: bool = False
+    terminate_when_idle: bool = False
+    # --- misc ----------------------------------------------------------------------------------------
+    step_id: int = 0
+    last_hints: RequestHints = field(default_factory=RequestHints)
+    queue_key: QueueKey | None = None  # set while the Program sits in a Rank queue (resume.py)
+
+    @property
+    def phase(self) -> Phase:
+        return (self.state, self.status)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.ref.model_pool, self.ref.program_id)
+
+    @property
+    def active(self) -> bool:
+        return self.state is ProgramState.ACTIVE
+
+    @property
+    def acting(self) -> bool:
+        return self.status is ProgramStatus.ACTING
+
+
+class RankPrograms:
+    """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
+
+    __slots__ = ("acting", "attributed", "marked", "reasoning")
+
+    def __init__(self) -> None:
+        self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
+        self.acting: dict[Program, None] = {}  # Active+Acting placed here
+        self.marked: dict[Program, None] = {}  # Active Programs marked pause_when_idle (capacity repair)
+        self.attributed: dict[Program, None] = {}  # every live Program whose last_target is this Rank
+
+    @property
+    def active_count(self) -> int:
+        return len(self.reasoning) + len(self.acting)
+
+    def active(self) -> Iterator[Program]:
+        yield from self.reasoning
+        yield from self.acting
+
+
+class ProgramTable:
+    """The Programs of every model pool, their generations and per-Rank indexes."""
+
+    def __init__(self, ledger: CapacityLedger, pool: RequestPool) -> None:
+        self._ledger = ledger
+        self._pool = pool
+        self._programs: dict[tuple[str, str], Program] = {}
+        self._last_generation: dict[tuple[str, str], int] = {}
+        self._ranks: dict[str, RankPrograms] = {}
+        self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
+        self._serials = itertools.count()
+        self._epochs = itertools.count(1)
+
+    # ------------------------------------------------------------------------------------------ lookups
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __iter__(self) -> Iterator[Program]:
+        return iter(self._programs.values())
+
+    def get(self, model_pool: str, program_id: str) -> Program | None:
+        return self._programs.get((model_pool, program_id))
+
+    def lookup(self, ref: ProgramRef) -> Program | None:
+        """The live Program of exactly this generation, or None (released or replaced)."""
+        program = self._programs.get((ref.model_pool, ref.program_id))
+        return program if program is not None and program.ref.generation == ref.generation else None
+
+    def rank(self, target_id: str) -> RankPrograms:
+        ranks = self._ranks.get(target_id)
+        if ranks is None:
+            ranks = self._ranks[target_id] = RankPrograms()
+        return ranks
+
+    def unbound(self, model_pool: str) -> list[Program]:
+        return list(self._unbound.get(model_pool, ()))
+
+    def forget_rank(self, target_id: str) -> None:
+        """Drop the indexes of a Rank that left every pool (its Programs were moved already)."""
+        ranks = self._ranks.get(target_id)
+        if ranks is not None and not ranks.attributed and not ranks.active_count:
+            del self._ranks[target_id]
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def materialize(
+        self, now: float, model_pool: str, identity: ProgramIdentity, home: str | None
+    ) -> Program:
+        """A new generation, Paused+Reasoning, bound to ``home`` (None when the pool has no Rank)."""
+        key = (model_pool, identity.program_id)
+        if key in self._programs:
+            raise IllegalTransition(f"a generation of {key!r} is live already")
+        previous = self._last_generation.get(key)
+        generation = 0 if previous is None else previous + 1
+        self._last_generation[key] = generation
+        ref = ProgramRef(model_pool, identity.program_id, generation)
+        program = Program(ref, identity, next(self._serials), ref.redacted_id(), now)
+        program.home_target = home
+        self._programs[key] = program
+        self._attribute(program, home)
+        return program
+
+    def forget_generation(self, model_pool: str, program_id: str) -> None:
+        """Prune a released generation's counter (after the fencing retention); epochs stay unique anyway."""
+        key = (model_pool, program_id)
+        if key not in self._programs:
+            self._last_generation.pop(key, None)
+
+    def retain(self, program: Program) -> None:
+        """A request arrived: the Program is Reasoning until it is idle again."""
+        self._move(program, Event.RETAIN)
+
+    def activate(self, program: Program, target_id: str, tokens: int) -> None:
+        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity."""
+        self._move(program, Event.ACTIVATE)
+        program.placement = target_id
+        program.placement_epoch = next(self._epochs)
+        program.placement_start_pending = True
+        self._attribute(program, target_id)
+        self.rank(target_id).reasoning[program] = None
+        self._ledger.charge(program, target_id, tokens)
+
+    def dispatched(self, program: Program) -> bool:
+        """A request of an Active Program starts; returns whether it is the first of its placement."""
+        if not program.active:
+            raise IllegalTransition(f"dispatch of a {program.state} Program")
+        program.in_flight += 1
+        first = program.placement_start_pending
+        program.placement_start_pending = False
+        return first
+
+    def request_finished(self, program: Program) -> bool:
+        """A dispatched request ended; returns whether the Program became idle (→ Acting)."""
+        if program.in_flight <= 0:
+            raise IllegalTransition("completion with nothing in flight")
+        program.in_flight -= 1
+        return self._idle_if_quiet(program)
+
+    def request_withdrawn(self, program: Program) -> bool:
+        """A retained request left the pool unserved (cancel, timeout); returns whether the Program idled."""
+        return self._idle_if_quiet(program)
+
+    def pause(self, program: Program) -> str:
+        """Active+Acting → Paused+Acting; returns the Rank it left."""
+        target = program.placement
+        assert target is not None
+        self._move(program, Event.PAUSE)
+        self._leave_placement(program, target)
+        return target
+
+    def invalidate(self, program: Program) -> str | None:
+        """The placement Rank vanished: → Paused; in-flight requests are forgotten (completions stale)."""
+        target = program.placement
+        if target is None:
+            return None
+        self._move(program, Event.INVALIDATE)
+        self._leave_placement(program, target)
+        program.in_flight = 0
+        program.placement_epoch = next(self._epochs)
+        self._idle_if_quiet(program)
+        return target
+
+    def release(self, program: Program) -> None:
+        """End the generation (idle only). An Active Program gives its capacity back first."""
+        if program.in_flight or self._pool.waiting(program):
+            raise IllegalTransition("release of a Program with requests in flight or retained")
+        target = program.placement
+        self._move(program, Event.RELEASE)
+        if target is not None:
+            self._leave_placement(program, target)
+        self._attribute(program, None, unbind=False)
+        del self._programs[program.key]
+
+    def rebind(self, program: Program, target_id: str | None) -> None:
+        """A Paused Program's home and last Rank become ``target_id`` (failover, or its pool came back)."""
+        if program.active:
+            raise IllegalTransition("rebind of an Active Program")
+        program.home_target = target_id
+        self._attribute(program, target_id)
+
+    def set_marked(self, program: Program, marked: bool) -> None:
+        """Capacity repair's deferred pause mark, indexed per Rank for the repair and segment-yield sums."""
+        program.pause_when_idle = marked
+        if program.placement is None:
+            return
+        rank = self.rank(program.placement)
+        if marked:
+            rank.marked[program] = None
+        else:
+            rank.marked.pop(program, None)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _move(self, program: Program, event: Event) -> None:
+        after = TRANSITIONS[event].get(program.phase, _MISSING)
+        if after is _MISSING:
+            raise IllegalTransition(f"{event} is not allowed from {program.state}+{program.status}")
+        if after is None:
+            return
+        assert isinstance(after, tuple)
+        before_state = program.state
+        program.state, program.status = after
+        target = program.placement
+        if target is not None and before_state is ProgramState.ACTIVE and after[0] is ProgramState.ACTIVE:
+            rank = self.rank(target)
+            if after[1] is ProgramStatus.REASONING:
+                rank.acting.pop(program, None)
+                rank.reasoning[program] = None
+            else:
+                rank.reasoning.pop(program, None)
+                rank.acting[program] = None
+
+    def _idle_if_quiet(self, program: Program) -> bool:
+        if program.in_flight == 0 and self._pool.waiting(program) == 0 and not program.acting:
+            self._move(program, Event.IDLE)
+            return True
+        return False
+
+    def _leave_placement(self, program: Program, target: str) -> None:
+        rank = self.rank(target)
+        rank.reasoning.pop(program, None)
+        rank.acting.pop(program, None)
+        rank.marked.pop(program, None)
+        program.pause_when_idle = False
+        program.placement = None
+        program.placement_start_pending = False
+        self._ledger.discharge(program, target)
+
+    def _attribute(self, program: Program, target_id: str | None, *, unbind: bool = True) -> None:
+        """Move ``program`` to the ``attributed`` index of ``target_id`` (or the pool's unbound set)."""
+        old = program.last_target
+        if old is not None:
+            self.rank(old).attributed.pop(program, None)
+        else:
+            self._unbound.get(program.ref.model_pool, {}).pop(program, None)
+        program.last_target = target_id
+        if target_id is not None:
+            self.rank(target_id).attributed[program] = None
+        elif unbind:
+            self._unbound.setdefault(program.ref.model_pool, {})[program] = None
+
+
+_MISSING: object = object()

@@ -1,0 +1,60 @@
+"""The scheduler's clock-driven work, kept in one heap so ``next_deadline`` and each event are O(log n).
+
+Entries are never removed when they become moot (a Program resumed before its force deadline, a request was
+dispatched before its queue timeout): the scheduler checks each due entry against the current facts and
+drops stale ones. ``next_deadline`` may therefore name a time at which nothing turns out to be due; that
+costs one early tick, never a missed one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from enum import IntEnum
+
+
+class TimerKind(IntEnum):
+    """At equal times, lower kinds are handled first (a force resume before a queue timeout)."""
+
+    ACTING_TTL = 0
+    PAUSED_RETENTION = 1
+    FORCE_RESUME = 2
+    PRUNE_GENERATION = 3
+    QUEUE_TIMEOUT = 4
+
+
+Due = tuple[float, TimerKind, object]
+
+
+class Timers:
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, when: float, kind: TimerKind, payload: object) -> None:
+        heapq.heappush(self._heap, (when, int(kind), next(self._seq), payload))
+
+    def pop_due(self, now: float) -> list[Due]:
+        """Every entry due at ``now``, in (time, kind) order."""
+        heap = self._heap
+        out: list[Due] = []
+        while heap and heap[0][0] <= now:
+            when, kind, _, payload = heapq.heappop(heap)
+            out.append((when, TimerKind(kind), payload))
+        return out
+
+    def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
+        """The earliest entry that still matters, discarding stale ones from the top."""
+        heap = self._heap
+        while heap:
+            when, kind, _, payload = heap[0]
+            if still_valid(when, TimerKind(kind), payload):
+                return when
+            heapq.heappop(heap)
+        return None
