@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -45,6 +47,29 @@ async def test_counters_and_histograms_per_target_and_route(
     async with client.get(other.metrics_url) as resp:
         assert _samples(await resp.text(), "progrouter_requests_total") == {}
     assert router.registry is not other.registry
+
+
+async def test_a_client_that_leaves_is_counted_as_error(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], prometheus_port=0)
+    metrics_url = router.metrics_url
+    assert metrics_url is not None
+    task = asyncio.create_task(client.post(router.url + "/v1/completions", json={"test_mode": "slow"}))
+    await asyncio.wait_for(worker.received.wait(), timeout=5)
+    task.cancel()
+    await asyncio.wait_for(worker.cancelled.wait(), timeout=5)
+    key = (("route", "/v1/completions"), ("status", "error"), ("target", worker.url))
+
+    async def counted() -> None:
+        while True:
+            async with client.get(metrics_url) as resp:
+                if _samples(await resp.text(), "progrouter_requests_total").get(key) == 1:
+                    return
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(counted(), timeout=5)
 
 
 async def test_metrics_can_be_disabled(make_worker: WorkerFactory, make_router: RouterFactory) -> None:

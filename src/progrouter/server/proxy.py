@@ -202,6 +202,9 @@ async def _native(call: _Call, body: Mapping[str, Any] | None) -> web.StreamResp
             response, _ok = await _forward(call, target, None, may_retry=attempt < retries)
             _record(call, target.id, response.status)
             return response
+        except asyncio.CancelledError:  # the client left: counted, with no status
+            _record(call, target.id, None)
+            raise
         except AttemptFailed as failed:
             last = failed
             if failed.connection:
@@ -242,6 +245,9 @@ async def _program(call: _Call, body: Mapping[str, Any] | None) -> web.StreamRes
             response, success = await _forward(call, target, ticket, may_retry=attempt < retries)
             _record(call, target.id, response.status)
             return response
+        except asyncio.CancelledError:
+            _record(call, target.id, None)
+            raise
         except AttemptFailed as failed:
             last = failed
             log.info("Program attempt %d on %s failed: %s", attempt + 1, target.id, failed.cause)
