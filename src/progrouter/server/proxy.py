@@ -140,8 +140,8 @@ async def _forward(
         kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
         metrics.upstream_errors.labels(target.id, kind).inc()
         if relayed is None or not relayed.prepared:
-            status = 504 if kind == "timeout" else 502
-            raise AttemptFailed(status, f"worker {target.id} failed: {exc!r}", connection=False) from exc
+            status, cause = (504, "timed out") if kind == "timeout" else (502, f"failed: {exc!r}")
+            raise AttemptFailed(status, f"worker {target.id} {cause}", connection=False) from exc
         # Headers and part of the stream are out: the only honest signal left is a broken connection.
         log.warning("stream from %s broke off after the response started: %r", target.id, exc)
         if call.request.transport is not None:
