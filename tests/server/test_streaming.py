@@ -72,3 +72,20 @@ async def test_stream_breaking_midway_breaks_the_client_stream_without_retry(
     assert received == b'data: {"n": 1}\n\n'
     assert broke  # an incomplete chunked body, not a clean end the client would take for success
     assert len(first.requests) == 1 and other.requests == []  # streamed bytes forbid a retry
+
+
+async def test_request_timeout_bounds_a_stream_too(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], request_timeout_secs=0.3)
+    async with client.post(router.url + "/v1/chat/completions", json={"test_mode": "sse"}) as resp:
+        assert resp.status == 200
+        assert await resp.content.readuntil(b"\n\n") == b'data: {"n": 1}\n\n'
+        try:
+            await resp.content.read()  # the worker never sends the rest
+            broke = False
+        except aiohttp.ClientPayloadError:
+            broke = True
+    assert broke
+    await asyncio.wait_for(worker.cancelled.wait(), timeout=5)
