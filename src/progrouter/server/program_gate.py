@@ -1,0 +1,320 @@
+"""The asyncio shell around the sans-I/O ``ProgramScheduler``: what sits between an HTTP request and the core.
+
+Per request, ``acquire`` extracts the Program identity (none → native routing, and no Program state is
+ever created), estimates the prompt size, hands the request to the scheduler and awaits its outcome:
+dispatched to a Rank (a ``ProgramTicket``) or timed out in the RequestPool (``QueueTimeout``, 429). A client
+that goes away while its request is retained cancels it in the scheduler at once.
+
+Around that, three things keep the core fed, all with ``time.monotonic()``:
+- a driver task that wakes at the earlier of the next periodic tick (``metrics_interval_seconds``) and the
+  scheduler's ``next_deadline()``, calls ``tick`` and resolves the outcomes it produced;
+- after every arrive/complete/cancel/observation, outcomes are drained at once (a completion often admits
+  the next Program), so nothing waits for a tick that it does not need;
+- backend observation: ``/metrics`` polling starts only once Program traffic exists, and polls only the
+  Ranks the scheduler tracks, bracketing each scrape with ``begin_observation``/``apply_observations``.
+
+Model pools: a request naming a model joins ``program:model:<model>``, one without joins ``program:all``.
+Every healthy Rank serves every pool: the router does not learn which worker serves which model (upstream
+consults its worker registry's model labels). This module makes no scheduling decision of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
+from progrouter.observe.poller import MetricsScraper, run_observation_loop
+from progrouter.program.identity import extract_identity
+from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest
+from progrouter.program.pool import RequestHandle
+from progrouter.program.scheduler import ProgramScheduler
+from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
+from progrouter.program.types import BackendObservation, QueueTimeout, UsageObservation
+from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
+from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.routing.request_text import routing_text
+from progrouter.routing.target import Target
+from progrouter.server.program_metrics import PrometheusObserver
+
+log = logging.getLogger("progrouter.program.gate")
+
+ALL_MODELS_POOL = "program:all"
+
+
+def model_pool_of(body: Mapping[str, Any] | None) -> str:
+    """``program:model:<model>`` when the body names a model, else ``program:all``."""
+    model = body.get("model") if body is not None else None
+    return f"program:model:{model}" if isinstance(model, str) and model else ALL_MODELS_POOL
+
+
+class ProgramTicket:
+    """One dispatched Program request: its Rank, the usage its response reports, and its single completion."""
+
+    __slots__ = ("__weakref__", "_estimate", "_finished", "_gate", "_json", "_sse", "dispatch", "target")
+
+    def __init__(self, gate: ProgramGate, dispatch: ProgramDispatch, estimate: TokenEstimate) -> None:
+        self._gate = gate
+        self.dispatch = dispatch
+        self.target: Target = dispatch.target
+        self._estimate = estimate
+        self._json = UsageObservation()
+        self._sse: SseUsageAccumulator | None = None
+        self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def observe_json(self, body: bytes) -> None:
+        """A complete (non-streamed) response body."""
+        self._json.merge(parse_json_usage(body))
+
+    def observe_sse(self, chunk: bytes) -> None:
+        """One streamed chunk, exactly as forwarded to the client."""
+        if self._sse is None:
+            self._sse = SseUsageAccumulator()
+        self._sse.feed(chunk, time.monotonic())
+
+    def finish(self, success: bool) -> None:
+        """Complete the dispatch in the scheduler; only the first call counts."""
+        if self._finished:
+            return
+        self._finished = True
+        now = time.monotonic()
+        usage = self._json
+        decode_seconds = None
+        if self._sse is not None:
+            usage.merge(self._sse.finish())
+            decode_seconds = self._sse.decode_seconds(now)
+        self._gate._complete(now, self, success, usage, decode_seconds)
+
+    def __del__(self) -> None:
+        # Safety net for a caller that lost its ticket: complete it later on the loop, never from inside GC
+        # (which may run in the middle of a scheduler call).
+        if not self._finished:
+            with contextlib.suppress(Exception):
+                self._gate._loop_call_soon(self.finish, False)
+
+
+class ProgramGate:
+    """Program scheduling for one router: identity → scheduler → Rank, plus its driver and observation."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        session: aiohttp.ClientSession,
+        registry: CollectorRegistry,
+        cache_index: CacheAwareIndex | None,
+    ) -> None:
+        program = config.program_scheduling
+        if program is None:
+            raise ValueError("ProgramGate needs RouterConfig.program_scheduling")
+        self.config: ProgramSchedulingConfig = program
+        self.observer = PrometheusObserver(registry)
+        self.scheduler = ProgramScheduler(program, observer=self.observer, cache_index=cache_index)
+        self.estimator = TokenEstimator(self.observer)
+        self._scraper = MetricsScraper(session, api_key=config.api_key)
+        self._keep_text = program.binding_strategy is BindingStrategy.CACHE_AWARE
+        self._targets: list[Target] = []
+        self._pools: set[str] = set()
+        self._waiters: dict[RequestHandle, asyncio.Future[Outcome]] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._driver: asyncio.Task[None] | None = None
+        self._observation: asyncio.Task[None] | None = None
+        self._last_tick = float("-inf")
+
+    # --------------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._driver = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
+
+    async def stop(self) -> None:
+        for task in (self._observation, self._driver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._observation = self._driver = None
+        for future in self._waiters.values():
+            future.cancel()
+        self._waiters.clear()
+
+    def set_healthy_targets(self, targets: Sequence[Target]) -> None:
+        """The healthy Ranks; each pool seen so far is served by all of them (a vanished Rank fails over)."""
+        gone = {t.id for t in self._targets} - {t.id for t in targets}
+        self._targets = list(targets)
+        now = time.monotonic()
+        for pool in sorted(self._pools):
+            self.scheduler.set_targets(pool, self._targets, now)
+        for target_id in gone:
+            self.observer.forget_target(target_id)
+        self._drain(now)
+
+    # ----------------------------------------------------------------------------------------- requests
+    async def acquire(
+        self,
+        *,
+        route: str,
+        body: Mapping[str, Any] | None,
+        raw_body: bytes,
+        headers: Mapping[str, str],
+    ) -> ProgramTicket | None:
+        """Wait until the request may go to its Rank; None when it carries no Program identity.
+
+        Raises ``InvalidIdentity`` (400), ``NoTargets`` (503) or ``QueueTimeout`` (429).
+        """
+        pool = model_pool_of(body)
+        found = extract_identity(
+            body,
+            headers,
+            self.config.program_scheduling_enable_key,
+            raw_body=raw_body,
+            model_pool=pool,
+        )
+        if found is None:
+            return None
+        now = time.monotonic()
+        if pool not in self._pools:
+            self._pools.add(pool)
+            self.scheduler.set_targets(pool, self._targets, now)
+        estimate = self.estimator.estimate(pool, route, prompt_bytes(body, raw_body))
+        request = ProgramRequest(
+            identity=found.identity,
+            hints=found.hints,
+            model_pool=pool,
+            estimated_context_tokens=estimate.tokens,
+            routing_text=routing_text(body) if self._keep_text else None,
+        )
+        handle = self.scheduler.arrive(now, request)
+        self._ensure_observation()
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiters[handle] = future
+        self._drain(now)
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            self._abandon(handle, future)
+            raise
+        if isinstance(outcome, Dispatched):
+            return ProgramTicket(self, outcome.dispatch, estimate)
+        raise QueueTimeout()
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The scheduler's snapshot plus the token estimator's coefficients."""
+        snapshot = self.scheduler.diagnostics(time.monotonic())
+        snapshot["token_estimation"] = self.estimator.diagnostics()
+        return snapshot
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _abandon(self, handle: RequestHandle, future: asyncio.Future[Outcome]) -> None:
+        """The client left while waiting: withdraw the request, or undo a dispatch it will never use."""
+        now = time.monotonic()
+        self._waiters.pop(handle, None)
+        if future.done() and not future.cancelled():
+            outcome = future.result()
+            if isinstance(outcome, Dispatched):
+                self.scheduler.complete(now, outcome.dispatch, success=False, usage=None)
+        else:
+            self.scheduler.cancel(now, handle)
+        self._drain(now)
+
+    def _complete(
+        self,
+        now: float,
+        ticket: ProgramTicket,
+        success: bool,
+        usage: UsageObservation,
+        decode_seconds: float | None,
+    ) -> None:
+        if success:
+            self.estimator.observe(ticket._estimate, usage.prompt_tokens)
+        self.scheduler.complete(
+            now,
+            ticket.dispatch,
+            success=success,
+            usage=None if usage.empty else usage,
+            decode_seconds=decode_seconds,
+        )
+        self._drain(now)
+
+    def _drain(self, now: float) -> None:
+        """Hand every outcome to its waiter; a dispatch nobody waits for any more is completed as failed."""
+        while outcomes := self.scheduler.take_outcomes():
+            for outcome in outcomes:
+                future = self._waiters.pop(outcome.handle, None)
+                if future is not None and not future.done():
+                    future.set_result(outcome)
+                elif isinstance(outcome, Dispatched):
+                    self.scheduler.complete(now, outcome.dispatch, success=False, usage=None)
+        self._wake.set()  # deadlines may have moved
+
+    def _loop_call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    async def _drive(self) -> None:
+        interval = self.config.metrics_interval_seconds
+        next_tick = time.monotonic() + interval
+        while True:
+            deadline = self.scheduler.next_deadline()
+            wake_at = next_tick
+            if deadline is not None and deadline > self._last_tick:
+                wake_at = min(wake_at, deadline)
+            self._wake.clear()
+            delay = wake_at - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            now = time.monotonic()
+            if now < wake_at:
+                continue  # woken early by new work: recompute the deadline
+            self._last_tick = now
+            self.scheduler.tick(now)
+            self._drain(now)
+            if now >= next_tick:
+                next_tick = now + interval
+
+    def _ensure_observation(self) -> None:
+        if self._observation is None and self._driver is not None:
+
+            def begin() -> object:
+                return self.scheduler.begin_observation(time.monotonic())
+
+            def apply(epoch: Any, observations: dict[str, BackendObservation]) -> None:
+                now = time.monotonic()
+                self.scheduler.apply_observations(now, epoch, observations)
+                self._drain(now)
+
+            self._observation = asyncio.create_task(
+                self._supervise(
+                    "backend observation",
+                    lambda: run_observation_loop(
+                        self._scraper,
+                        self.config.metrics_interval_seconds,
+                        self.scheduler.tracked_targets,
+                        begin,
+                        apply,
+                    ),
+                ),
+                name="progrouter-observation",
+            )
+
+    async def _supervise(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Keep a background loop alive: a bug in one pass is logged, not fatal to scheduling."""
+        while True:
+            try:
+                await run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("Program scheduling %s loop failed; restarting", what)
+                await asyncio.sleep(self.config.metrics_interval_seconds)
