@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -32,7 +31,6 @@ class RouterState:
     candidates: list[Target] = field(default_factory=list)  # healthy targets, sorted by id
     session: aiohttp.ClientSession | None = None
     gate: ProgramGate | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def refresh_candidates(self) -> None:
         """Recompute the healthy targets after a health change and tell the policy and the gate."""
