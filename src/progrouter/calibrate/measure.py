@@ -116,13 +116,15 @@ class Measurement:
 
 @dataclass(frozen=True)
 class StreamResult:
+    """One streamed request: times relative to its send, plus (monotonic time, tokens so far) per chunk."""
+
     first_token_at: float
-    last_token_at: float
     done_at: float
     chunks: int
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
+    points: tuple[tuple[float, int], ...]
 
 
 class Backend:
@@ -175,14 +177,17 @@ class Backend:
             "max_tokens": max_tokens,
             "temperature": 0.0,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # continuous_usage_stats: a running completion_tokens in every chunk, so a chunk that carries
+            # several tokens (a server coalescing output for a slow reader) is counted right.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if exact:
             body |= {"min_tokens": max_tokens, "ignore_eos": True}
         url = self._url("/v1/completions")
         start = time.monotonic()
-        first = last = 0.0
+        first = 0.0
         chunks = 0
+        points: list[tuple[float, int]] = []
         usage: dict[str, Any] | None = None
         try:
             async with self.session.post(url, json=body, headers=self.headers, timeout=self.timeout) as resp:
@@ -199,12 +204,13 @@ class Backend:
                     if "error" in event:
                         raise CalibrationError(f"{url} failed mid-stream: {_error_message(event)}")
                     now = time.monotonic()
+                    if event.get("usage"):
+                        usage = event["usage"]
                     if event.get("choices"):
                         chunks += 1
                         first = first or now
-                        last = now
-                    if event.get("usage"):
-                        usage = event["usage"]
+                        running = (usage or {}).get("completion_tokens") if event.get("usage") else None
+                        points.append((now, int(running) if isinstance(running, int) else chunks))
         except aiohttp.ClientConnectorError as exc:
             raise CalibrationError(f"cannot reach the backend at {self.target.base_url}: {exc}") from exc
         except TimeoutError as exc:
@@ -224,9 +230,9 @@ class Backend:
         cached = details.get("cached_tokens")
         return StreamResult(
             first_token_at=first - start,
-            last_token_at=last - start,
             done_at=done - start,
             chunks=chunks,
+            points=tuple(points),
             prompt_tokens=int(usage["prompt_tokens"]),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=None if cached is None else int(cached),
@@ -446,14 +452,13 @@ async def _measure_decode(
             tick(1, f"decode B={batch} ctx={context}: warming")
         runs = await asyncio.gather(*(_complete(backend, p, n_new) for p in batch_prompts))
         tick(batch, f"decode B={batch} ctx={context}")
-        steps = []
         for r in runs:
             if r.completion_tokens < 2 or r.chunks < 2:
                 raise CalibrationError(
                     f"the backend generated {r.completion_tokens} tokens where {n_new} were asked "
                     "(it must honour min_tokens/ignore_eos)"
                 )
-            steps.append((r.last_token_at - r.first_token_at) / (r.completion_tokens - 1) * plan.time_scale)
+        steps = [s * plan.time_scale for s in common_window_steps([r.points for r in runs])]
         total_context = sum(r.prompt_tokens + r.completion_tokens / 2 for r in runs)
         result.decode.append(
             DecodeSample(
@@ -473,6 +478,25 @@ async def _measure_decode(
                 f"decode B={batch} context={context}: {len(cold)} request(s) found no warm prefix "
                 "(KV too small?)"
             )
+
+
+def common_window_steps(streams: Sequence[Sequence[tuple[float, int]]]) -> list[float]:
+    """Per-request decode step seconds, measured only while every request of the batch was decoding.
+
+    Requests sent together may start decoding a step or two apart (the last one's prefill tail then rides
+    in the others' steps) and stop apart. Between the last first-token and the first last-token every step
+    decodes the whole batch, so each request's step is (Δ time) / (Δ tokens) over its points in that window;
+    a request with fewer than two points there falls back to its whole stream.
+    """
+    w0 = max(pts[0][0] for pts in streams)
+    w1 = min(pts[-1][0] for pts in streams)
+    out = []
+    for pts in streams:
+        inside = [p for p in pts if w0 <= p[0] <= w1]
+        if len(inside) < 2 or inside[-1][1] <= inside[0][1]:
+            inside = list(pts)
+        out.append((inside[-1][0] - inside[0][0]) / max(1, inside[-1][1] - inside[0][1]))
+    return out
 
 
 async def _complete(backend: Backend, prompt: list[int] | str, max_tokens: int) -> StreamResult:

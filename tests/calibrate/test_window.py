@@ -1,0 +1,38 @@
+"""The decode step estimate uses only the steps in which the whole batch was decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from progrouter.calibrate.measure import common_window_steps
+
+
+def stream(first: float, step: float, tokens: int, start_token: int = 1) -> list[tuple[float, int]]:
+    return [(first + i * step, start_token + i) for i in range(tokens)]
+
+
+def test_aligned_batch_gives_the_step() -> None:
+    steps = common_window_steps([stream(1.0, 0.01, 20), stream(1.0, 0.01, 20)])
+    assert steps == pytest.approx([0.01, 0.01])
+
+
+def test_a_late_starter_inflating_early_steps_is_excluded() -> None:
+    # Request A decodes from t=1.0; request B's prefill rides in A's 2nd step (0.1 s long), after which
+    # both decode in 0.01 s steps. The whole-stream average for A would be ~0.0147 s.
+    a = [(1.0, 1), (1.1, 2)] + [(1.1 + 0.01 * i, 2 + i) for i in range(1, 19)]
+    b = [(1.1 + 0.01 * i, 1 + i) for i in range(0, 19)]
+    steps = common_window_steps([a, b])
+    assert steps == pytest.approx([0.01, 0.01])
+    whole = (a[-1][0] - a[0][0]) / (a[-1][1] - a[0][1])
+    assert whole > 0.014
+
+
+def test_coalesced_chunks_count_tokens_not_chunks() -> None:
+    # One chunk carries three tokens: Δtokens, not the chunk count, divides the time.
+    pts = [(0.0, 1), (0.01, 2), (0.04, 5), (0.05, 6)]
+    assert common_window_steps([pts]) == pytest.approx([0.01])
+
+
+def test_no_overlap_falls_back_to_each_whole_stream() -> None:
+    steps = common_window_steps([stream(0.0, 0.01, 5), stream(1.0, 0.02, 5)])
+    assert steps == pytest.approx([0.01, 0.02])
