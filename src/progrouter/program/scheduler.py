@@ -324,11 +324,9 @@ class ProgramScheduler:
 
     # ------------------------------------------------------------------------------------- observations
     def begin_observation(self, now: float) -> ObservationEpoch:
-        """Checkpoint the ledger of every tracked Rank before a scrape of their metrics starts."""
+        """Checkpoint the ledger of every known Rank before a scrape of their metrics starts."""
         core = self._core
-        checkpoints = {
-            t.id: core.ledger.checkpoint(t.id, core.table.rank(t.id)) for t in self.tracked_targets()
-        }
+        checkpoints = {t: core.ledger.checkpoint(t, core.table.rank(t)) for t in core.targets}
         return ObservationEpoch(core.ledger.revision, now, checkpoints)
 
     def apply_observations(
