@@ -8,11 +8,17 @@ ratio, steps, and the wall cost of one step per running request.
 
     .venv/bin/python bench/engine_speed.py                  # default Rank: 8192 blocks x 16
     .venv/bin/python bench/engine_speed.py --num-blocks 65536  # a large KV cache: ~1M tokens, big batches
+    .venv/bin/python bench/engine_speed.py --http --requests 200 --time-scale 200  # through HTTP + SSE
+
+``--http`` sends the same load as streaming /v1/completions requests (token-id prompts, all at once) to an
+in-process server (client and server share one core of the CPU) and reports how far the modelled clock fell
+behind ``--time-scale`` (lag): the largest time scale a host sustains is where the lag stays near zero.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 import numpy as np
@@ -32,7 +38,12 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--http", action="store_true", help="drive an in-process server over HTTP instead")
+    p.add_argument("--time-scale", type=float, default=200.0, help="with --http")
     args = p.parse_args()
+    if args.http:
+        asyncio.run(bench_http(args))
+        return
 
     config = EngineConfig(
         num_blocks=args.num_blocks,
@@ -96,6 +107,63 @@ def main() -> None:
     print(
         f"cache hit (tokens): {st.prompt_tokens_cached / max(st.prompt_tokens, 1):.1%}, "
         f"preemptions {st.num_preemptions}, generated {st.generation_tokens}"
+    )
+
+
+async def bench_http(args: argparse.Namespace) -> None:
+    import aiohttp
+
+    from progrouter.engine.server import start_engine
+
+    config = EngineConfig(
+        port=0,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=min(args.num_blocks * args.block_size, 32768),
+        seed=args.seed,
+        time_scale=args.time_scale,
+    )
+    rng = np.random.default_rng(args.seed)
+    shared_len = int(args.prompt_tokens * args.shared_fraction)
+    prefixes = [rng.integers(3, 30000, shared_len).tolist() for _ in range(args.prefix_groups)]
+    prompts = [
+        prefixes[i % args.prefix_groups] + rng.integers(3, 30000, args.prompt_tokens - shared_len).tolist()
+        for i in range(args.requests)
+    ]
+    engine = await start_engine(config)
+    core = engine.server.cores[0]
+    max_lag = 0.0
+    chunks = 0
+
+    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> None:
+        nonlocal max_lag, chunks
+        body = {"prompt": prompt, "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True}
+        async with session.post(engine.url + "/v1/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunks += 1
+                    if chunks % 1000 == 0:
+                        lag = engine.server.model_time() - (
+                            core.next_event_time() or engine.server.model_time()
+                        )
+                        max_lag = max(max_lag, lag)
+
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        wall0 = time.perf_counter()
+        await asyncio.gather(*(one(session, p) for p in prompts))
+        wall = time.perf_counter() - wall0
+    modelled = core.stats.busy_seconds
+    await engine.stop()
+    print(
+        f"http: {args.requests} streaming requests x {args.prompt_tokens} tokens, {args.max_tokens} out, "
+        f"time scale {args.time_scale}"
+    )
+    print(
+        f"modelled busy seconds {modelled:.1f}, wall {wall:.2f} s -> {modelled / wall:.0f} x real time; "
+        f"{chunks} SSE chunks ({chunks / wall:.0f}/s); max model lag {max_lag:.2f} modelled s"
     )
 
 

@@ -284,6 +284,7 @@ async def test_tokenize_detokenize_round_trip(engine_factory: Factory, http: aio
         ({"prompt": "a", "model": "other"}, 404, "does not exist"),
         ({"prompt": "a", "n": 2}, 400, "n must be 1"),
         ({"prompt": "a", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens"),
+        ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream=True"),
     ],
 )
 async def test_bad_requests_get_vllm_like_errors(

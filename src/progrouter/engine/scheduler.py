@@ -42,6 +42,9 @@ class EngineScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # The waiting head that failed admission: (request, its hit blocks, blocks it needed, token budget).
+        self._blocked: tuple[Request, int, int, int] | None = None
+        self.admission_memo = True
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -95,10 +98,14 @@ class EngineScheduler:
             request = waiting[0]
             if request.arrival_time > now:
                 break
+            if self._still_blocked(request, budget):
+                break
             hits, num_hit_tokens = kv.get_computed_blocks(request)
             n = min(request.num_tokens - num_hit_tokens, budget)
             if not kv.allocate_slots(request, n, hits):
+                self._blocked = (request, len(hits), -(-n // kv.block_size), budget)
                 break
+            self._blocked = None
             waiting.popleft()
             running.append(request)
             if request.num_cached_tokens < 0:
@@ -111,6 +118,24 @@ class EngineScheduler:
             chunks.append(ScheduledChunk(request, num_hit_tokens, n))
             request.num_computed_tokens = num_hit_tokens + n
             budget -= n
+
+    def _still_blocked(self, request: Request, budget: int) -> bool:
+        """True when the head that failed last time must fail again, so its cache lookup can be skipped.
+
+        Sound, not heuristic: the blocks a head needs, ``ceil(min(uncached, budget) / block_size)``, can only
+        shrink if its cached prefix grows (the block after its old hits got cached) or the budget shrinks;
+        and it can never get more than the free blocks. So if neither happened and fewer blocks are free
+        than it needed last time, admission fails again.
+        """
+        blocked = self._blocked
+        if blocked is None or blocked[0] is not request or not self.admission_memo:
+            return False
+        _, hit_blocks, needed, old_budget = blocked
+        if budget < old_budget or self.kv.pool.num_free_blocks >= needed:
+            return False
+        hashes = request.block_hashes
+        max_blocks = (request.num_tokens - 1) // self.kv.block_size
+        return hit_blocks >= min(max_blocks, len(hashes)) or hashes[hit_blocks] not in self.kv.pool.cached_map
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)

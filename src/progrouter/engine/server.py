@@ -315,6 +315,8 @@ class EngineServer:
         self._check_model(req.model)
         if req.n != 1:
             raise HTTPError(400, "n must be 1: the progrouter engine emulator generates one choice")
+        if req.stream_options is not None and not req.stream:
+            raise HTTPError(400, "Stream options can only be defined when `stream=True`.")
         if isinstance(req, CompletionRequest):
             prompt = self._completion_prompt(req)
             max_tokens = req.max_tokens
