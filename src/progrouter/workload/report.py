@@ -244,6 +244,8 @@ def transitions(router: Sequence[Sample]) -> dict[str, float]:
 # --- comparisons across arms ---
 
 
+#: A native→oracle JCT gap smaller than this share of native's JCT is noise, not a gap to close.
+MIN_GAP_SHARE = 0.02
 #: Figures compared as ratios to the baseline arm.
 RATIO_FIGURES: tuple[str, ...] = (
     "jct_seconds.mean",
@@ -294,6 +296,6 @@ def gap_closed(arms: Mapping[str, Mapping[str, Any]], arm: str, baseline: str, f
     b = figure(arms[baseline], "jct_seconds.mean")
     f = figure(arms[floor], "jct_seconds.mean")
     a = figure(arms[arm], "jct_seconds.mean")
-    if a is None or b is None or f is None or b - f <= 0:
-        return None
+    if a is None or b is None or f is None or b - f <= MIN_GAP_SHARE * b:
+        return None  # no gap worth closing: the baseline is already at the floor
     return (b - a) / (b - f)

@@ -26,7 +26,7 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every gap and start (default 1)")
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+def add_workload_arguments(p: argparse._ActionsContainer) -> None:
     """The synthetic workload's knobs (shared with `progrouter bench`)."""
     d = CodingWorkload()
     g = d.gaps

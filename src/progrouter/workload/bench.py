@@ -1,0 +1,390 @@
+"""The A/B benchmark: the same trace through several routing arms, each on a cold fleet, side by side.
+
+For every arm: start the engines (emulator processes, or the user's engines after their restart command),
+start the router of the arm, scrape the engines' metrics, replay the trace through the router, scrape again
+(and the router's metrics and diagnostics), stop everything. Figures come from `report.arm_figures`.
+
+Arms (``ARMS``):
+- ``native``: ``--policy consistent_hash``; the replay's ``x-session-id`` keys it (upstream's default setup);
+- ``round_robin``: request-level round robin;
+- ``program``: Program scheduling with the given config JSON;
+- ``binding_only``: the same config with ``binding_only: true`` (Program affinity without admission/TTL);
+- ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
+- ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
+
+Time compression: the emulator runs ``time_scale`` times faster than modelled time, the replay waits gaps
+divided by it, and the router's time-valued config (intervals, timeouts, TTL caps and the cost-model
+coefficients) is divided by it too, so the router reasons in the wall seconds it observes. Reported figures
+are in modelled seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from rich.console import Console
+
+from progrouter.config import ProgramSchedulingConfig
+from progrouter.workload.facts import Fact, write_fact
+from progrouter.workload.procs import Child, ProcessError, free_port, run_shell, stop_all
+from progrouter.workload.replay import ReplayOptions, replay
+from progrouter.workload.report import ArmInputs, Sample, arm_figures, compare, parse_metrics, task_jct
+from progrouter.workload.trace import Trace
+
+#: Program-scheduling fields in seconds (divided by the time scale for the router).
+TIME_FIELDS = (
+    "metrics_interval_seconds",
+    "queue_timeout_seconds",
+    "force_resume_timeout_seconds",
+    "paused_retention_ttl_seconds",
+    "shared_prefix_freshness_warmup_seconds",
+    "max_acting_ttl_seconds",
+)
+COST_FIELDS = {
+    "prefill_cost_model": (
+        "intercept_seconds",
+        "linear_seconds_per_1k_tokens",
+        "quadratic_seconds_per_1k_tokens_squared",
+    ),
+    "decode_throughput_model": (
+        "fixed_step_seconds",
+        "batch_step_seconds_per_request",
+        "context_step_seconds_per_token",
+    ),
+}
+UPSTREAM_BINARY = "vllm-router"
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSpec:
+    name: str
+    policy: str = "consistent_hash"
+    program: bool = False
+    binding_only: bool = False
+    unbounded_kv: bool = False
+    upstream: bool = False
+
+
+ARMS: dict[str, ArmSpec] = {
+    "native": ArmSpec("native"),
+    "round_robin": ArmSpec("round_robin", policy="round_robin"),
+    "program": ArmSpec("program", program=True),
+    "binding_only": ArmSpec("binding_only", program=True, binding_only=True),
+    "oracle": ArmSpec("oracle", unbounded_kv=True),
+    "upstream": ArmSpec("upstream", program=True, upstream=True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFleet:
+    """Emulator engines the bench starts (one process per engine, ``dp_size`` Ranks each)."""
+
+    engines: int = 1
+    dp_size: int = 2
+    num_blocks: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 32768
+    time_scale: float = 1.0
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def argv(self, port: int, num_blocks: int) -> list[str]:
+        return [
+            sys.executable, "-m", "progrouter", "engine",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--data-parallel-size", str(self.dp_size),
+            "--num-blocks", str(num_blocks),
+            "--block-size", str(self.block_size),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-model-len", str(self.max_model_len),
+            "--time-scale", str(self.time_scale),
+            "--log-level", "warning",
+            *self.extra_args,
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalFleet:
+    """Engines the user runs (e.g. real vLLM); ``restart_command`` runs before each arm for a cold start."""
+
+    urls: tuple[str, ...]
+    dp_size: int = 1
+    time_scale: float = 1.0
+    restart_command: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    trace: Trace
+    arms: tuple[str, ...]
+    fleet: EngineFleet | ExternalFleet
+    program_config: dict[str, Any]
+    report_dir: Path
+    replay: ReplayOptions = field(default_factory=lambda: ReplayOptions(url=""))
+    upstream_binary: str | None = None
+    router_log_level: str = "warning"
+
+
+def upstream_binary(explicit: str | None = None) -> str | None:
+    """The ``vllm-router`` executable: the given path, else on PATH or beside this Python."""
+    if explicit:
+        return explicit
+    found = shutil.which(UPSTREAM_BINARY)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / UPSTREAM_BINARY
+    return str(beside) if beside.exists() else None
+
+
+def scaled_program_config(config: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """The router's config for a compressed run: every time-valued field divided by ``time_scale``."""
+    full = ProgramSchedulingConfig.model_validate(config).to_json_dict()
+    if time_scale == 1.0:
+        return full
+    for name in TIME_FIELDS:
+        full[name] = full[name] / time_scale
+    for group, names in COST_FIELDS.items():
+        for name in names:
+            full[group][name] = full[group][name] / time_scale
+    ProgramSchedulingConfig.model_validate(full)  # still valid
+    return full
+
+
+def trace_token_bounds(trace: Trace) -> tuple[int, int]:
+    """(longest request in tokens incl. output, distinct tokens the whole trace would keep cached)."""
+    longest = 0
+    blocks = set()
+    for task, p in trace.programs():
+        for r in p.requests:
+            longest = max(longest, r.input_tokens + r.output_tokens)
+            for b in r.hash_ids:
+                blocks.add(("shared", b) if b in trace.shared_hash_ids else (task.task_id, b))
+    return longest, len(blocks) * trace.block_size + trace.num_requests * 64
+
+
+def oracle_blocks(trace: Trace, fleet: EngineFleet) -> int:
+    """KV blocks per Rank so that no Rank ever evicts: room for every distinct token plus outputs."""
+    longest, distinct = trace_token_bounds(trace)
+    tokens = max(distinct + sum(r.output_tokens for _t, p in trace.programs() for r in p.requests), longest)
+    return max(fleet.num_blocks, -(-tokens // fleet.block_size) + 64)
+
+
+ProgressFactory = Callable[[str, int], Callable[[Fact], None]]
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str, source: str = "") -> list[Sample]:
+    try:
+        async with session.get(f"{url}/metrics") as resp:
+            if resp.status != 200:
+                return []
+            return parse_metrics(await resp.text(), source)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return []
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                return None
+            return orjson.loads(await resp.read())
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+class Bench:
+    def __init__(self, plan: BenchPlan, console: Console, progress: ProgressFactory | None = None) -> None:
+        self.plan = plan
+        self.console = console
+        self.progress = progress
+        self.time_scale = plan.fleet.time_scale
+
+    def _dp_size(self) -> int:
+        return self.plan.fleet.dp_size
+
+    async def _start_engines(self, arm: ArmSpec, folder: Path) -> tuple[list[str], list[Child]]:
+        fleet = self.plan.fleet
+        if isinstance(fleet, ExternalFleet):
+            if fleet.restart_command:
+                await run_shell(fleet.restart_command, folder / "restart.log")
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+                for url in fleet.urls:
+                    await _wait_url(session, f"{url}/health", 600.0)
+            return list(fleet.urls), []
+        blocks = oracle_blocks(self.plan.trace, fleet) if arm.unbounded_kv else fleet.num_blocks
+        urls, children = [], []
+        try:
+            for i in range(fleet.engines):
+                port = free_port()
+                child = await Child.start(f"engine {i}", fleet.argv(port, blocks), folder / f"engine-{i}.log")
+                children.append(child)
+                urls.append(f"http://127.0.0.1:{port}")
+            for url, child in zip(urls, children, strict=True):
+                await child.wait_healthy(f"{url}/health")
+        except BaseException:
+            await stop_all(children)
+            raise
+        return urls, children
+
+    def _router_argv(self, arm: ArmSpec, urls: Sequence[str], port: int, metrics_port: int) -> list[str]:
+        dp = self._dp_size()
+        if arm.upstream:
+            binary = upstream_binary(self.plan.upstream_binary)
+            if binary is None:
+                raise ProcessError(
+                    "the upstream arm needs the vllm-router executable (pip install vllm-router)"
+                )
+            argv = [binary]
+        else:
+            argv = [sys.executable, "-m", "progrouter", "serve", "--log-level", self.plan.router_log_level]
+        argv += [
+            "--worker-urls", *urls,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--policy", arm.policy,
+            "--intra-node-data-parallel-size", str(dp),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        ]  # fmt: skip
+        if arm.upstream and dp > 1:
+            argv += ["--api-key", "progrouter-bench"]  # upstream insists on one with DP > 1; any value
+        if arm.program:
+            cfg = dict(self.plan.program_config)
+            if arm.binding_only:
+                cfg["binding_only"] = True
+            scaled = scaled_program_config(cfg, self.time_scale)
+            argv += [
+                "--enable-program-scheduling",
+                "--program-scheduling-config-json",
+                orjson.dumps(scaled).decode(),
+            ]
+        return argv
+
+    async def run_arm(self, name: str) -> dict[str, Any]:
+        arm = ARMS[name]
+        folder = self.plan.report_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        urls, engines = await self._start_engines(arm, folder)
+        children = list(engines)
+        try:
+            port, metrics_port = free_port(), free_port()
+            router = await Child.start(
+                f"{name} router", self._router_argv(arm, urls, port, metrics_port), folder / "router.log"
+            )
+            children.append(router)
+            router_url = f"http://127.0.0.1:{port}"
+            await router.wait_healthy(f"{router_url}/health")
+            return await self._measure(arm, folder, urls, router_url, f"http://127.0.0.1:{metrics_port}")
+        finally:
+            await stop_all(children[::-1])
+
+    async def _measure(
+        self, arm: ArmSpec, folder: Path, engine_urls: Sequence[str], router_url: str, metrics_url: str
+    ) -> dict[str, Any]:
+        trace = self.plan.trace
+        timeout = aiohttp.ClientTimeout(total=10.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            before = [s for u in engine_urls for s in await _scrape(session, u, u)]
+            sink = self.progress(arm.name, trace.num_requests) if self.progress else None
+            with open(folder / "facts.jsonl", "wb") as f:
+
+                def on_fact(fact: Fact) -> None:
+                    write_fact(f, fact)
+                    if sink is not None:
+                        sink(fact)
+
+                opts = replace(self.plan.replay, url=router_url, time_scale=self.time_scale)
+                if arm.upstream and self._dp_size() > 1:
+                    opts = replace(opts, headers={**opts.headers, "Authorization": "Bearer progrouter-bench"})
+                result = await replay(trace, opts, on_fact)
+            after = [s for u in engine_urls for s in await _scrape(session, u, u)]
+            router_samples = await _scrape(session, metrics_url)
+            diagnostics = await _get_json(session, f"{router_url}/scheduling/diagnostics")
+        if diagnostics is not None:
+            (folder / "diagnostics.json").write_bytes(orjson.dumps(diagnostics, option=orjson.OPT_INDENT_2))
+        planned = {t.task_id: t.num_requests for t in trace.tasks}
+        figures = arm_figures(
+            ArmInputs(result.facts, planned, before, after, router_samples, wall_seconds=result.wall_seconds)
+        )
+        figures["jct_per_task"] = task_jct(result.facts, planned)
+        figures["router_metrics_scraped"] = bool(router_samples)
+        (folder / "figures.json").write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2))
+        return figures
+
+    async def run(self) -> dict[str, Any]:
+        self.plan.report_dir.mkdir(parents=True, exist_ok=True)
+        arms: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}
+        for name in self.plan.arms:
+            reason = self.skip_reason(name)
+            if reason:
+                skipped[name] = reason
+                self.console.print(f"[yellow]skipping {name}[/yellow]: {reason}")
+                continue
+            self.console.print(f"[bold]arm {name}[/bold]: cold start")
+            arms[name] = await self.run_arm(name)
+        report = {
+            "arms": arms,
+            "comparison": compare(arms),
+            "skipped": skipped,
+            "program_config": self.plan.program_config,
+            "router_program_config": scaled_program_config(self.plan.program_config, self.time_scale),
+            "fleet": _fleet_json(self.plan.fleet, self.plan.trace),
+            "trace": {
+                "source": self.plan.trace.source,
+                "tasks": len(self.plan.trace.tasks),
+                "requests": self.plan.trace.num_requests,
+                "meta": self.plan.trace.meta,
+            },
+        }
+        (self.plan.report_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return report
+
+    def skip_reason(self, name: str) -> str | None:
+        arm = ARMS[name]
+        if arm.upstream and upstream_binary(self.plan.upstream_binary) is None:
+            return "vllm-router is not installed (pip install vllm-router)"
+        if arm.unbounded_kv and isinstance(self.plan.fleet, ExternalFleet):
+            return "needs engines with unbounded KV; the bench cannot resize engines it did not start"
+        return None
+
+
+def _fleet_json(fleet: EngineFleet | ExternalFleet, trace: Trace) -> dict[str, Any]:
+    if isinstance(fleet, ExternalFleet):
+        return {"external_urls": list(fleet.urls), "dp_size": fleet.dp_size, "time_scale": fleet.time_scale}
+    return {
+        "engines": fleet.engines,
+        "dp_size": fleet.dp_size,
+        "num_blocks_per_rank": fleet.num_blocks,
+        "block_size": fleet.block_size,
+        "capacity_tokens_per_rank": fleet.capacity_tokens,
+        "oracle_num_blocks_per_rank": oracle_blocks(trace, fleet),
+        "max_num_seqs": fleet.max_num_seqs,
+        "time_scale": fleet.time_scale,
+    }
+
+
+async def _wait_url(session: aiohttp.ClientSession, url: str, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        if loop.time() > deadline:
+            raise ProcessError(f"{url} not healthy after {timeout:.0f} s")
+        await asyncio.sleep(1.0)
