@@ -30,6 +30,8 @@ def test_flags_build_the_config() -> None:
     assert config.prefill_cost_model.quadratic_seconds_per_1k_tokens_squared == 0.001
     assert config.prefill_cost_model.intercept_seconds == 0.06600061907132926  # untouched default
     assert config.slow_factor == 2
+    assert config_from_namespace(parser.parse_args(["--num-blocks", "10"])).max_model_len == 160
+    assert config_from_namespace(parser.parse_args([])).max_model_len == 32768
     with pytest.raises(ValueError, match="max_model_len"):
         config_from_namespace(parser.parse_args(["--num-blocks", "10", "--max-model-len", "1000"]))
 

@@ -35,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="default: 32768 or one Rank's KV, whichever is smaller",
+    )
     parser.add_argument(
         "--time-scale", type=float, default=d.time_scale, help="modelled seconds per wall second"
     )

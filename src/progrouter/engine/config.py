@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel
 
+DEFAULT_MAX_MODEL_LEN = 32768
+
 
 class EngineConfig(BaseModel):
     """One emulated vLLM server with ``data_parallel_size`` Ranks; every Rank gets its own KV cache."""
@@ -26,7 +28,8 @@ class EngineConfig(BaseModel):
     block_size: int = Field(default=16, ge=1)
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int = Field(default=8192, ge=1)
-    max_model_len: int = Field(default=32768, ge=2)
+    # Default: 32768, or one Rank's whole KV cache if that is smaller (so a small --num-blocks just works).
+    max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=2)
     time_scale: float = Field(default=1.0, gt=0)
     seed: int = 0
     fail_rate: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -35,6 +38,16 @@ class EngineConfig(BaseModel):
     vocab_size: int = Field(default=32000, ge=16)
     prefill_cost_model: PrefillCostModel = Field(default_factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = Field(default_factory=DecodeThroughputModel)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_model_len(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_model_len") is None:
+            blocks = data.get("num_blocks", cls.model_fields["num_blocks"].default)
+            size = data.get("block_size", cls.model_fields["block_size"].default)
+            if isinstance(blocks, int) and isinstance(size, int):
+                data = {**data, "max_model_len": min(DEFAULT_MAX_MODEL_LEN, blocks * size)}
+        return data
 
     @model_validator(mode="after")
     def _fits(self) -> EngineConfig:
