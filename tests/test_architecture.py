@@ -1,0 +1,58 @@
+"""The design's one rule, checked: the cores are sans-I/O and the arrows point one way (DESIGN.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "progrouter"
+IO_MODULES = {"asyncio", "aiohttp", "time", "socket", "uvloop", "threading"}
+# The engine package also carries its own HTTP shell; these files are that shell, not the core.
+ENGINE_SHELL = {"server.py", "cli.py", "fidelity.py", "__init__.py"}
+# Which top-level progrouter packages each package may import (besides itself).
+ALLOWED = {
+    "config": set(),
+    "routing": {"config"},
+    "program": {"config", "routing"},
+    "engine": {"config"},
+    "observe": {"config", "routing", "program"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _core_files() -> list[Path]:
+    files = sorted((SRC / "program").glob("*.py"))
+    files += [p for p in sorted((SRC / "engine").glob("*.py")) if p.name not in ENGINE_SHELL]
+    return files
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_cores_do_no_io(path: Path) -> None:
+    bad = {name for name in _imports(path) if name.split(".")[0] in IO_MODULES}
+    assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_arrows_point_one_way(package: str) -> None:
+    paths = [SRC / "config.py"] if package == "config" else sorted((SRC / package).rglob("*.py"))
+    assert paths
+    for path in paths:
+        if package == "engine" and path.name in ENGINE_SHELL:
+            continue
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] != "progrouter" or len(parts) < 2:
+                continue
+            assert parts[1] in ALLOWED[package] | {package}, f"{path.relative_to(SRC)} imports {name}"
