@@ -126,7 +126,7 @@ class ProgramGate:
         self._targets: list[Target] = []
         self._pools: set[str] = set()
         self._waiters: dict[RequestHandle, asyncio.Future[Outcome]] = {}
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Future[None] | None = None  # the driver's sleep; resolved to wake it early
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: asyncio.Task[None] | None = None
         self._observation: asyncio.Task[None] | None = None
@@ -255,7 +255,25 @@ class ProgramGate:
                     future.set_result(outcome)
                 elif isinstance(outcome, Dispatched):
                     self.scheduler.complete(now, outcome.dispatch, success=False, usage=None)
-        self._wake.set()  # deadlines may have moved
+        self._poke()  # deadlines may have moved
+
+    def _poke(self) -> None:
+        """Wake the driver so it recomputes its deadline."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def _sleep(self, delay: float) -> None:
+        """Sleep up to ``delay`` seconds or until poked. (A plain future, not ``wait_for``: on Python 3.11
+        ``wait_for`` can swallow a cancellation that races with the event, which would hang ``stop``.)"""
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake = wake
+        timer = loop.call_later(delay, lambda: None if wake.done() else wake.set_result(None))
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake = None
 
     def _loop_call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -269,11 +287,9 @@ class ProgramGate:
             wake_at = next_tick
             if deadline is not None and deadline > self._last_tick:
                 wake_at = min(wake_at, deadline)
-            self._wake.clear()
             delay = wake_at - time.monotonic()
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await self._sleep(delay)
             now = time.monotonic()
             if now < wake_at:
                 continue  # woken early by new work: recompute the deadline
