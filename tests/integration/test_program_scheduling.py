@@ -188,9 +188,8 @@ async def test_malformed_agentic_context_is_a_400_and_creates_nothing(
     }
     status, answer = await post(client, router, body)
     assert status == 400
-    assert "invalid Program identity: vllm_xargs.agentic_context must contain a bounded JSON object" in str(
-        answer
-    )
+    message = "invalid Program identity: vllm_xargs.agentic_context must contain a bounded JSON object"
+    assert answer["error"]["message"] == message
     d = await diagnostics(client, router)
     assert d["programs"] == 0
     assert d["retained_requests"] == 0
