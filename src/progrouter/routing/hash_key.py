@@ -75,7 +75,6 @@ def native_hash_key(headers: Mapping[str, str], body: Mapping[str, Any] | None, 
     key = header_hash_key(headers) or body_hash_key(body)
     if key is not None:
         return key
-    text = raw_body.decode("utf-8", "replace")
     if len(raw_body) > _LONG_BODY_BYTES:
-        return f"request_hash:{stable_hash64(text):016x}"
-    return f"request:{text}"
+        return f"request_hash:{stable_hash64(raw_body):016x}"
+    return f"request:{raw_body.decode('utf-8', 'replace')}"

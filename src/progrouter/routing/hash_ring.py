@@ -12,9 +12,10 @@ import hashlib
 from collections.abc import Iterable
 
 
-def stable_hash64(s: str) -> int:
+def stable_hash64(s: str | bytes) -> int:
     """A 64-bit hash that is the same in every process (unlike ``hash()``, which is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+    data = s if isinstance(s, bytes) else s.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 class HashRing:
