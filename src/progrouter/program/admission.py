@@ -14,6 +14,7 @@ Acting Programs are never reclaimed here: they hold their placement until their 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from progrouter.program.ledger import program_private_tokens
 from progrouter.program.outcomes import Dispatched, ProgramDispatch
 from progrouter.program.policy import (
+    BatchGainEstimate,
     batch_gain_for_rank,
     growth_reserve,
     protected_remaining_rounds,
@@ -41,16 +43,138 @@ class Rejection(StrEnum):
     RESERVE = "reserve"  # fits now, not with the growth reserve, and batch gain does not cover it
 
 
-@dataclass(frozen=True, slots=True)
 class RankView:
-    target_id: str
-    gate_blocked: bool
-    active: int
-    used: float
-    low_tokens: float | None
-    reserve: float
-    target_rounds: int
-    factors: RankFactors | None
+    """One Rank's admission facts at one instant; the growth reserve and batch-gain inputs are computed
+    only when a candidate gets that far, and at most once per view."""
+
+    __slots__ = (
+        "_batch",
+        "_core",
+        "_reserve",
+        "active",
+        "factors",
+        "gate_blocked",
+        "low_tokens",
+        "target_id",
+        "target_rounds",
+        "used",
+    )
+
+    def __init__(self, core: Core, target_id: str, now: float) -> None:
+        config = core.config
+        self._core = core
+        self.target_id = target_id
+        self.factors = core.factors.get(target_id)
+        threshold = config.admission_waiting_request_threshold
+        observation = core.ledger.fresh_observation(target_id, now) if threshold > 0 else None
+        self.gate_blocked = observation is not None and observation.waiting >= threshold
+        self.active = core.table.rank(target_id).active_count
+        self.used = core.ledger.usage(target_id, now)
+        self.low_tokens = core.low_tokens
+        self.target_rounds = target_rounds(self.factors, config.max_segment_rounds)
+        self._reserve: float | None = None
+        self._batch: _BatchInputs | None = None
+
+    @property
+    def count_fits(self) -> bool:
+        return self.active + 1 <= self._core.config.max_active_programs_per_target
+
+    def may_admit(self, required: int) -> bool:
+        """Could an unforced candidate demanding ``required`` pass the count guard and immediate capacity?"""
+        return self.count_fits and (self.low_tokens is None or self.used + required <= self.low_tokens)
+
+    def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
+        """Batch-gain admission of one reserve-failing candidate (upstream §3.6).
+
+        The Rank's inputs are gathered once per view: the protected Programs enter as their total rounds
+        and mean impact, which is all the formula uses of them. A best-case estimate (empty candidate) bounds
+        every candidate: the gain only shrinks with context and the continuity loss only grows with demand,
+        so a candidate whose recovery alone exceeds the best-case margin is refused without the full model.
+        """
+        if self._batch is None:
+            self._batch = self._batch_inputs()
+        best = self._batch.best
+        config = self._core.config
+        recovery = config.prefill_cost_model.cache_miss_impact_seconds(
+            max(0, context_tokens - shared_prefix_tokens)
+        )
+        if best.batch_gain_seconds < recovery + best.continuity_loss_seconds:
+            return False
+        return self._batch.estimate(context_tokens, shared_prefix_tokens, float(required)).admits
+
+    def _batch_inputs(self) -> _BatchInputs:
+        rank = self._core.table.rank(self.target_id)
+        rounds, impacts = [], []
+        for p in rank.active():
+            remaining = protected_remaining_rounds(self.target_rounds, p.rounds_since_activation)
+            if remaining > 0:
+                rounds.append(float(remaining))
+                impacts.append(p.last_cache_miss_impact_seconds)
+        protected = ([math.fsum(rounds)], [math.fsum(impacts) / len(impacts)]) if rounds else ([], [])
+        inputs = _BatchInputs(
+            self._core,
+            self.factors,
+            len(rank.reasoning),
+            sum(p.estimated_context_tokens for p in rank.reasoning),
+            self.used,
+            protected,
+        )
+        inputs.best = inputs.estimate(0, 0, 0.0)
+        return inputs
+
+    @property
+    def reserve(self) -> float:
+        """The growth reserve: room for every Active Program and the candidate to grow for their rounds."""
+        if self._reserve is None:
+            self._reserve = 0.0
+            factors, rounds = self.factors, self.target_rounds
+            if self.low_tokens is not None and rounds > 0 and factors is not None:
+                self._reserve = growth_reserve(
+                    factors.average_context_growth_tokens(),
+                    rounds,
+                    [
+                        protected_remaining_rounds(rounds, p.rounds_since_activation)
+                        for p in self._core.table.rank(self.target_id).active()
+                    ],
+                )
+        return self._reserve
+
+
+class _BatchInputs:
+    """The Rank's side of batch-gain admission, fixed for one view."""
+
+    __slots__ = ("batch_size", "best", "context_tokens", "core", "factors", "protected", "used")
+
+    def __init__(
+        self,
+        core: Core,
+        factors: RankFactors | None,
+        batch_size: int,
+        context_tokens: int,
+        used: float,
+        protected: tuple[list[float], list[float]],
+    ) -> None:
+        self.core = core
+        self.factors = factors
+        self.batch_size = batch_size
+        self.context_tokens = context_tokens
+        self.used = used
+        self.protected = protected
+        self.best: BatchGainEstimate
+
+    def estimate(self, context_tokens: int, shared_prefix_tokens: int, required: float) -> BatchGainEstimate:
+        return batch_gain_for_rank(
+            self.core.config,
+            self.factors,
+            batch_size_before=self.batch_size,
+            context_tokens_before=self.context_tokens,
+            candidate_context_tokens=context_tokens,
+            candidate_shared_prefix_tokens=shared_prefix_tokens,
+            used_tokens=self.used,
+            required_tokens=required,
+            protected_remaining_rounds=self.protected[0],
+            protected_cache_miss_impacts=self.protected[1],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,29 +189,7 @@ class AdmissionPlan:
 
 
 def rank_view(core: Core, target_id: str, now: float) -> RankView:
-    config = core.config
-    factors = core.factors.get(target_id)
-    threshold = config.admission_waiting_request_threshold
-    observation = core.ledger.fresh_observation(target_id, now) if threshold > 0 else None
-    rank = core.table.rank(target_id)
-    rounds = target_rounds(factors, config.max_segment_rounds)
-    reserve = 0.0
-    if core.low_tokens is not None and rounds > 0 and factors is not None:
-        reserve = growth_reserve(
-            factors.average_context_growth_tokens(),
-            rounds,
-            [protected_remaining_rounds(rounds, p.rounds_since_activation) for p in rank.active()],
-        )
-    return RankView(
-        target_id=target_id,
-        gate_blocked=observation is not None and observation.waiting >= threshold,
-        active=rank.active_count,
-        used=core.ledger.usage(target_id, now),
-        low_tokens=core.low_tokens,
-        reserve=reserve,
-        target_rounds=rounds,
-        factors=factors,
-    )
+    return RankView(core, target_id, now)
 
 
 def required_tokens(core: Core, program: Program) -> int:
@@ -102,8 +204,8 @@ def plan(core: Core, view: RankView, program: Program, now: float) -> AdmissionP
         return Rejection.WAITING_GATE
     deadline = program.force_resume_deadline
     forced = deadline is not None and deadline <= now
-    required = required_tokens(core, program)
-    count_fits = view.active + 1 <= core.config.max_active_programs_per_target
+    required = program.queue_required if program.queue_key is not None else required_tokens(core, program)
+    count_fits = view.count_fits
 
     def admit(batch_gain: bool = False) -> AdmissionPlan:
         return AdmissionPlan(
@@ -120,23 +222,8 @@ def plan(core: Core, view: RankView, program: Program, now: float) -> AdmissionP
         return Rejection.COUNT
     if not immediate_fits:
         return Rejection.CAPACITY
-    rank = core.table.rank(view.target_id)
-    protected = [
-        (protected_remaining_rounds(view.target_rounds, p.rounds_since_activation), p) for p in rank.active()
-    ]
-    estimate = batch_gain_for_rank(
-        core.config,
-        view.factors,
-        batch_size_before=len(rank.reasoning),
-        context_tokens_before=sum(p.estimated_context_tokens for p in rank.reasoning),
-        candidate_context_tokens=program.estimated_context_tokens,
-        candidate_shared_prefix_tokens=program.shared_prefix_tokens,
-        used_tokens=view.used,
-        required_tokens=required,
-        protected_remaining_rounds=[float(r) for r, _ in protected],
-        protected_cache_miss_impacts=[p.last_cache_miss_impact_seconds for _, p in protected],
-    )
-    return admit(batch_gain=True) if estimate.admits else Rejection.RESERVE
+    admits = view.batch_gain_admits(program.estimated_context_tokens, program.shared_prefix_tokens, required)
+    return admit(batch_gain=True) if admits else Rejection.RESERVE
 
 
 def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: float) -> None:

@@ -25,15 +25,26 @@ Force resume (upstream §3.7): when a Program enters a queue its deadline is fro
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import ResumeOrder
-from progrouter.program.admission import AdmissionPlan, Rejection, commit_admission, plan, rank_view
+from progrouter.program.admission import (
+    AdmissionPlan,
+    Rejection,
+    commit_admission,
+    plan,
+    rank_view,
+    required_tokens,
+)
 from progrouter.program.policy import (
+    ForceResumeEstimate,
+    active_remaining_rounds,
     effective_force_resume_timeout,
-    global_force_resume_estimate,
-    local_force_resume_estimate,
+    force_resume_timeout,
     target_rounds,
 )
 from progrouter.program.state import PauseReason, QueueKey
@@ -42,27 +53,36 @@ from progrouter.program.timers import TimerKind
 if TYPE_CHECKING:
     from progrouter.program.admission import RankView
     from progrouter.program.core import Core
-    from progrouter.program.policy import ForceResumeEstimate
     from progrouter.program.state import Program
 
 
 class RankQueue:
-    """The Paused Programs with retained requests whose last Rank is this one, in resume order."""
+    """The Paused Programs with retained requests whose last Rank is this one, in resume order.
 
-    __slots__ = ("_keys", "_programs", "pending")
+    Besides the ordered keys it keeps a lazy min-heap of the queued Programs' demands, so a pass can tell in
+    O(1) that no unforced candidate can fit and stop without planning each one.
+    """
+
+    __slots__ = ("_demand", "_keys", "_programs", "pending")
 
     def __init__(self) -> None:
         self._keys: list[QueueKey] = []
         self._programs: dict[int, Program] = {}  # serial -> Program
+        self._demand: list[tuple[int, int, QueueKey]] = []  # (required tokens, serial, key when pushed)
         self.pending: dict[Program, None] = {}  # queued or re-keyed since the last scheduling pass
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def insert(self, program: Program, key: QueueKey) -> None:
+    def insert(self, program: Program, key: QueueKey, required: int) -> None:
         program.queue_key = key
+        program.queue_required = required
         bisect.insort(self._keys, key)
         self._programs[key[-1]] = program
+        heapq.heappush(self._demand, (required, key[-1], key))
+        if len(self._demand) > 2 * len(self._keys) + 32:
+            self._demand = [(p.queue_required, s, p.queue_key) for s, p in self._programs.items()]  # type: ignore[misc]
+            heapq.heapify(self._demand)
         self.pending[program] = None
 
     def remove(self, program: Program) -> None:
@@ -82,8 +102,26 @@ class RankQueue:
         programs = self._programs
         return [programs[key[-1]] for key in self._keys]
 
+    def iter_ordered(self) -> Iterator[Program]:
+        """In resume order, without copying; stop iterating once the queue changes."""
+        programs = self._programs
+        for key in self._keys:
+            yield programs[key[-1]]
+
     def first(self) -> Program | None:
         return self._programs[self._keys[0][-1]] if self._keys else None
+
+    def min_required(self) -> int | None:
+        """A lower bound of the queued Programs' demands (exact unless a demand grew in place)."""
+        demand = self._demand
+        programs = self._programs
+        while demand:
+            required, serial, key = demand[0]
+            program = programs.get(serial)
+            if program is not None and program.queue_key == key:
+                return required
+            heapq.heappop(demand)
+        return None
 
     def take_pending(self) -> list[Program]:
         pending = sorted(self.pending, key=_queue_key)
@@ -100,11 +138,12 @@ def _queue_key(program: Program) -> QueueKey:
 class RankQueues:
     """Rank queues by target id, plus which Ranks have pending (unplanned) candidates."""
 
-    __slots__ = ("_queues", "pending_targets")
+    __slots__ = ("_queues", "pending_targets", "work")
 
     def __init__(self) -> None:
         self._queues: dict[str, RankQueue] = {}
         self.pending_targets: set[str] = set()
+        self.work: dict[str, RankWork] = {}  # force-resume inputs per Rank, at most one interval old
 
     def get(self, target_id: str) -> RankQueue | None:
         return self._queues.get(target_id)
@@ -113,13 +152,13 @@ class RankQueues:
         queue = self._queues.get(target_id)
         return 0 if queue is None else len(queue)
 
-    def insert(self, program: Program, key: QueueKey) -> None:
+    def insert(self, program: Program, key: QueueKey, required: int) -> None:
         target = program.last_target
         assert target is not None and program.queue_key is None
         queue = self._queues.get(target)
         if queue is None:
             queue = self._queues[target] = RankQueue()
-        queue.insert(program, key)
+        queue.insert(program, key, required)
         self.pending_targets.add(target)
 
     def remove(self, program: Program) -> None:
@@ -133,6 +172,7 @@ class RankQueues:
         """Empty a Rank's queue (it left); returns its Programs in order."""
         queue = self._queues.pop(target_id, None)
         self.pending_targets.discard(target_id)
+        self.work.pop(target_id, None)
         if queue is None:
             return []
         programs = queue.ordered()
@@ -178,15 +218,15 @@ def enqueue(core: Core, program: Program, now: float) -> None:
         program.queued_at = now
     if program.force_resume_deadline is None:
         _freeze_force_deadline(core, program, now)
-    core.queues.insert(program, local_key(core, program, now))
+    core.queues.insert(program, local_key(core, program, now), required_tokens(core, program))
 
 
 def requeue(core: Core, program: Program, now: float) -> None:
-    """Re-insert a queued Program whose ordering inputs changed (forced, front request)."""
+    """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
     if program.queue_key is None:
         return
     core.queues.remove(program)
-    core.queues.insert(program, local_key(core, program, now))
+    core.queues.insert(program, local_key(core, program, now), required_tokens(core, program))
 
 
 def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
@@ -208,65 +248,79 @@ def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
     core.timers.add(now + timeout, TimerKind.FORCE_RESUME, program)
 
 
-def _local_estimate(core: Core, program: Program, now: float) -> ForceResumeEstimate:
-    target = program.last_target
-    assert target is not None
+@dataclass(frozen=True, slots=True)
+class RankWork:
+    """A Rank's inputs to force-resume estimates: target rounds, throughput and the Active Programs'
+    remaining rounds. Recomputed at most once per metrics interval: a deadline is an estimate, and the sum
+    over every Active Program of a pool is the expensive part."""
+
+    computed_at: float
+    rounds: int
+    throughput: float
+    active_remaining: float
+
+    @property
+    def mature(self) -> bool:
+        return self.rounds > 0 and self.throughput > 0.0
+
+
+def _rank_work(core: Core, target: str, now: float) -> RankWork:
+    cached = core.queues.work.get(target)
+    if cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds:
+        return cached
     factors = core.factors.get(target)
     rounds = target_rounds(factors, core.config.max_segment_rounds)
     throughput = 0.0 if factors is None else factors.request_throughput_per_second()
-    maximum = core.config.force_resume_timeout_seconds
-    if rounds <= 0 or throughput <= 0.0:
-        return local_force_resume_estimate(
-            target_rounds=rounds,
-            throughput=throughput,
-            active_programs=(),
-            waiters_ahead=0,
-            max_timeout=maximum,
+    active = 0.0
+    if rounds > 0 and throughput > 0.0:
+        rank = core.table.rank(target)
+        active = math.fsum(
+            active_remaining_rounds(rounds, p.rounds_since_activation, reasoning=p in rank.reasoning)
+            for p in rank.active()
         )
-    rank = core.table.rank(target)
-    active = [(p.rounds_since_activation, p in rank.reasoning) for p in rank.active()]
+    work = core.queues.work[target] = RankWork(now, rounds, throughput, active)
+    return work
+
+
+def _local_estimate(core: Core, program: Program, now: float) -> ForceResumeEstimate:
+    """3 × (Active Programs' remaining rounds + rounds of the waiters ahead) / throughput, clamped."""
+    target = program.last_target
+    assert target is not None
+    maximum = core.config.force_resume_timeout_seconds
+    work = _rank_work(core, target, now)
+    if not work.mature:
+        return ForceResumeEstimate.static(maximum)
     queue = core.queues.get(target)
     ahead = 0 if queue is None else queue.ahead_of(local_key(core, program, now))
-    return local_force_resume_estimate(
-        target_rounds=rounds,
-        throughput=throughput,
-        active_programs=active,
-        waiters_ahead=ahead,
-        max_timeout=maximum,
+    pool = float(ahead * max(work.rounds, 1))
+    timeout = force_resume_timeout(
+        work.active_remaining, pool, work.throughput, maximum, target_rounds=work.rounds
     )
+    return ForceResumeEstimate(timeout, work.active_remaining, pool, work.throughput, False)
 
 
 def _global_estimate(core: Core, program: Program, now: float) -> ForceResumeEstimate:
-    config = core.config
+    """The pool-wide version: summed throughput and work, waiters ahead weighted by their Rank's rounds."""
+    maximum = core.config.force_resume_timeout_seconds
     targets = core.pool_targets.get(program.ref.model_pool, [])
-    rounds_and_throughput: dict[str, tuple[int, float]] = {}
+    works = []
     for target in targets:
-        factors = core.factors.get(target)
-        rounds = target_rounds(factors, config.max_segment_rounds)
-        throughput = 0.0 if factors is None else factors.request_throughput_per_second()
-        rounds_and_throughput[target] = (rounds, throughput)
-        if rounds <= 0 or throughput <= 0.0:  # immature anywhere: the static fallback, computed cheaply
-            return global_force_resume_estimate(
-                rank_rounds_and_throughput={target: (rounds, throughput)},
-                active_programs=(),
-                waiters_ahead_last_targets=(),
-                max_timeout=config.force_resume_timeout_seconds,
-            )
+        work = _rank_work(core, target, now)
+        if not work.mature:
+            return ForceResumeEstimate.static(maximum)
+        works.append((target, work))
+    if not works:
+        return ForceResumeEstimate.static(maximum)
     key = local_key(core, program, now)
-    active: list[tuple[str, int, bool]] = []
-    ahead: list[str] = []
-    for target in targets:
-        rank = core.table.rank(target)
-        active.extend((target, p.rounds_since_activation, p in rank.reasoning) for p in rank.active())
+    pool = 0.0
+    for target, work in works:
         queue = core.queues.get(target)
-        if queue is not None:
-            ahead.extend([target] * queue.ahead_of(key))
-    return global_force_resume_estimate(
-        rank_rounds_and_throughput=rounds_and_throughput,
-        active_programs=active,
-        waiters_ahead_last_targets=ahead,
-        max_timeout=config.force_resume_timeout_seconds,
-    )
+        if queue is not None and len(queue):
+            pool += queue.ahead_of(key) * max(work.rounds, 1)
+    active = math.fsum(w.active_remaining for _, w in works)
+    throughput = math.fsum(w.throughput for _, w in works)
+    timeout = force_resume_timeout(active, pool, throughput, maximum)
+    return ForceResumeEstimate(timeout, active, pool, throughput, False)
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
@@ -275,18 +329,24 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
     queue = core.queues.get(target_id)
     dirty = core.ledger.dirty
     while queue is not None and len(queue):
-        candidates = queue.ordered() if full else queue.take_pending()
+        candidates = queue.iter_ordered() if full else iter(queue.take_pending())
         queue.pending.clear()
         dirty.discard(target_id)
-        if not candidates:
-            return
         view = rank_view(core, target_id, now)
+        if view.gate_blocked:
+            return
+        unforced_possible: bool | None = None
         for program in candidates:
+            if not _forced(program, now):
+                if unforced_possible is None:
+                    unforced_possible = view.may_admit(queue.min_required() or 0)
+                if not unforced_possible:
+                    return
             result = plan(core, view, program, now)
             if isinstance(result, AdmissionPlan):
                 commit_admission(core, program, result, now)
                 break
-            if result is Rejection.WAITING_GATE or (result is Rejection.COUNT and not _forced(program, now)):
+            if result is Rejection.COUNT and not _forced(program, now):
                 return
         else:
             return

@@ -158,6 +158,7 @@ class Program:
     step_id: int = 0
     last_hints: RequestHints = field(default_factory=RequestHints)
     queue_key: QueueKey | None = None  # set while the Program sits in a Rank queue (resume.py)
+    queue_required: int = 0  # its private demand when (re)queued; queued Programs' inputs are frozen
 
     @property
     def phase(self) -> Phase:
