@@ -280,7 +280,12 @@ class PromptFactory:
 
 
 def parse_kv_capacity(metrics_text: str, rank: int) -> int | None:
-    """``num_gpu_blocks × block_size`` from ``vllm:cache_config_info`` for the Rank's engine label."""
+    """KV tokens of one Rank from ``vllm:cache_config_info`` (its ``engine`` label).
+
+    ``kv_cache_size_tokens`` when present: with ``--data-parallel-size 2`` vLLM 0.32 labels each engine with
+    ``num_gpu_blocks`` summed over the Ranks (1024 for 512 per Rank) but the per-engine token size right.
+    Otherwise ``num_gpu_blocks × block_size`` (older vLLM, the emulator).
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -291,8 +296,11 @@ def parse_kv_capacity(metrics_text: str, rank: int) -> int | None:
                 labels = sample.labels
                 if labels.get("engine", "0") != str(rank):
                     continue
-                blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
-                if blocks and size and blocks.isdigit() and size.isdigit():
+                tokens = labels.get("kv_cache_size_tokens", "")
+                if tokens.isdigit():
+                    return int(tokens)
+                blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit():
                     return int(blocks) * int(size)
     except ValueError:
         return None

@@ -1,0 +1,148 @@
+"""Program scheduling before real vLLM: DP-Rank dispatch, usage into the scheduler, backend observation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import BLOCK_SIZE, KV_TOKENS_PER_RANK, MODEL_NAME, VOCAB_SIZE, RouterFactory, VllmServer
+from .helpers import agentic, diagnostics, engine_counters, read_sse
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+INTERVAL = 0.2
+
+
+def program_config(**overrides: Any) -> dict[str, Any]:
+    return {
+        "token_capacity_per_dp_rank": KV_TOKENS_PER_RANK,
+        "metrics_interval_seconds": INTERVAL,
+    } | overrides
+
+
+def fresh_ids(n: int) -> list[int]:
+    """Token ids no earlier request used (the server lives for the whole session)."""
+    rng = random.Random(uuid.uuid4().int)
+    return [rng.randrange(100, VOCAB_SIZE - 100) for _ in range(n)]
+
+
+def rank_of(diag: dict[str, Any], target_id: str) -> dict[str, Any]:
+    return next(r for r in diag["ranks"] if r["target_id"] == target_id)
+
+
+def the_program(diag: dict[str, Any]) -> dict[str, Any]:
+    programs: list[dict[str, Any]] = [p for r in diag["ranks"] for p in r["programs"]]
+    assert len(programs) == 1, programs
+    return programs[0]
+
+
+async def test_program_conversation_hits_the_prefix_cache_on_its_rank(
+    make_router: RouterFactory, vllm_server: VllmServer
+) -> None:
+    router = await make_router(program_config())
+    turn1 = fresh_ids(1000)
+    turn2 = turn1 + fresh_ids(200)  # the tool result appended to the same context
+    context = agentic(f"conv-{uuid.uuid4().hex[:8]}", task_id="t1")
+    async with aiohttp.ClientSession() as s:
+        before = await engine_counters(s, vllm_server.url)
+        body = {"model": MODEL_NAME, "prompt": turn1, "max_tokens": 8, "min_tokens": 8, "ignore_eos": True}
+        async with s.post(router.url + "/v1/completions", json=body | {"vllm_xargs": context}) as resp:
+            assert resp.status == 200, await resp.text()
+            usage1 = (await resp.json())["usage"]
+        stream = {"stream": True, "stream_options": {"include_usage": True}, "prompt": turn2}
+        async with s.post(
+            router.url + "/v1/completions", json=body | stream | {"vllm_xargs": context}
+        ) as resp:
+            assert resp.status == 200
+            events, done = await read_sse(resp)
+        assert done
+        usage2 = events[-1]["usage"]
+        after = await engine_counters(s, vllm_server.url)
+        diag = await diagnostics(s, router.url)
+
+    assert usage1["prompt_tokens_details"]["cached_tokens"] == 0
+    assert usage2["prompt_tokens"] == 1200
+    # The second turn reuses every whole block of the first: the Program stayed on its Rank.
+    assert usage2["prompt_tokens_details"]["cached_tokens"] == (1000 // BLOCK_SIZE) * BLOCK_SIZE
+
+    program = the_program(diag)
+    target = program["last_target"]
+    assert target == program["home_target"]
+    rank = int(target.rsplit("@", 1)[1])
+    other = str(1 - rank)
+    grew = {e: after[e]["vllm:prompt_tokens_total"] - before[e]["vllm:prompt_tokens_total"] for e in after}
+    # X-data-parallel-rank steered both turns to the engine the scheduler chose, and only there.
+    assert grew == {str(rank): 2200.0, other: 0.0}
+    cached = (
+        after[str(rank)]["vllm:prompt_tokens_cached_total"]
+        - before[str(rank)]["vllm:prompt_tokens_cached_total"]
+    )
+    assert cached == 992.0
+
+    # vLLM's usage (prompt, completion, cached) reached the scheduler's accounting.
+    assert program["completed_requests"] == 2
+    assert program["estimated_context_tokens"] >= 1200
+    rolling = rank_of(diag, target)["rolling"]
+    assert rolling["request_samples"] == 2
+    assert rolling["avg_prompt_tokens"] == 1100.0
+    assert rolling["avg_cached_prompt_tokens"] == 496.0
+    assert rolling["avg_completion_tokens"] == 8.0
+    assert rank_of(diag, f"{vllm_server.url}@{other}")["rolling"]["request_samples"] == 0
+
+
+async def test_backend_observation_parses_real_metrics_per_engine(
+    make_router: RouterFactory, vllm_server: VllmServer
+) -> None:
+    router = await make_router(program_config())
+    body = {
+        "model": MODEL_NAME,
+        "prompt": fresh_ids(2000),
+        "max_tokens": 600,
+        "min_tokens": 600,
+        "ignore_eos": True,
+        "stream": True,
+        "vllm_xargs": agentic(f"obs-{uuid.uuid4().hex[:8]}"),
+    }
+    async with aiohttp.ClientSession() as s:
+        long_request = asyncio.create_task(_stream(s, router.url, body))
+        seen: dict[str, Any] | None = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not long_request.done():
+            diag = await diagnostics(s, router.url)
+            busy = [r for r in diag["ranks"] if r["vllm_running_requests"] == 1]
+            if (
+                busy
+                and all(r["observation_fresh"] for r in diag["ranks"])
+                and busy[0]["vllm_kv_cache_usage"] > 0
+            ):
+                seen = diag
+                break
+            await asyncio.sleep(INTERVAL / 2)
+        assert await long_request
+    assert seen is not None, "no fresh observation showed the running request"
+    ranks = {r["target_id"]: r for r in seen["ranks"]}
+    assert set(ranks) == {f"{vllm_server.url}@0", f"{vllm_server.url}@1"}
+    busy_id = next(t for t, r in ranks.items() if r["vllm_running_requests"] == 1)
+    idle = next(r for t, r in ranks.items() if t != busy_id)
+    program = the_program(seen)
+    assert busy_id == program["last_target"]  # the engine label matched to the right Rank
+    assert idle["vllm_running_requests"] == 0 and idle["vllm_kv_cache_usage"] == 0.0
+    # ~2,600 of 16,384 KV tokens: 2000 prompt + up to 600 generated, in 32-token blocks.
+    assert 0.12 <= ranks[busy_id]["vllm_kv_cache_usage"] <= 0.17
+    for r in ranks.values():
+        assert r["capacity_accounting_source"] == "backend_observation"
+        assert r["observation_fresh"] is True
+        assert r["observation_age_seconds"] < 5 * INTERVAL
+        assert r["configured_token_capacity"] == KV_TOKENS_PER_RANK
+
+
+async def _stream(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:
+    async with s.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        _events, done = await read_sse(resp)
+        return done
