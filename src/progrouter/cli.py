@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("progrouter.workload.replay_cli", "replay an agent trace against a router or engine"),
     "trace": ("progrouter.workload.trace_cli", "generate, import and inspect agent traces"),
     "bench": ("progrouter.workload.bench_cli", "A/B benchmark of routing arms on one trace"),
+    "simulate": ("progrouter.sim.cli", "discrete-event simulation of a trace under each routing arm"),
     "demo": ("progrouter.workload.demo_cli", "the built-in benchmark: native vs program vs oracle"),
     "calibrate": ("progrouter.calibrate.cli", "fit prefill/decode cost models on a live backend"),
 }

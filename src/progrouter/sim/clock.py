@@ -1,0 +1,41 @@
+"""The virtual clock: a heap of ``(time, seq, callback, arg)`` popped in order.
+
+``seq`` breaks ties in scheduling order, so two events at the same instant always run in the order they were
+scheduled and a run is a pure function of its inputs. Callbacks schedule further events; nothing here knows
+what an event means.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+Callback = Callable[[Any], None]
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callback, Any]] = []
+        self._seq = itertools.count()
+        self.events_run = 0
+
+    def at(self, when: float, callback: Callback, arg: Any = None) -> None:
+        """Run ``callback(arg)`` at ``when`` (never in the past: an earlier time runs now)."""
+        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), callback, arg))
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        """Pop events in order until none are left or ``stop()`` is true after an event."""
+        heap = self._heap
+        while heap:
+            when, _, callback, arg = heapq.heappop(heap)
+            self.now = when
+            callback(arg)
+            self.events_run += 1
+            if stop():
+                return
+
+    def __len__(self) -> int:
+        return len(self._heap)

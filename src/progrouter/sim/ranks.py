@@ -1,0 +1,114 @@
+"""The simulated fleet: one ``EngineCore`` per Rank, stepped on the virtual clock.
+
+A Rank steps while it has work. ``EngineCore.step(t)`` runs the step that starts at ``t`` and returns its
+end; the step's outputs (first tokens, finished requests) are delivered at that end, and the next step starts
+no earlier (``next_event_time``). Requests added while a step runs join the next one, as in the emulator
+server. What the scheduler observes of a Rank is exactly what the emulator's ``/metrics`` would report at that
+instant (``vllm:kv_cache_usage_perc``, ``num_requests_running``, ``num_requests_waiting``), and the report
+reads the Ranks' counters through the emulator's own exposition, so the live bench and the simulator parse
+the same text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from progrouter.engine import EngineConfig, EngineCore, RequestOutput, SamplingParams, StepResult
+from progrouter.engine.metrics import render_metrics
+from progrouter.program.types import BackendObservation
+from progrouter.routing.target import Target, expand_targets
+from progrouter.sim.clock import VirtualClock
+from progrouter.workload.report import Sample, parse_metrics
+
+#: The base URL of the simulated engine; Ranks are ``http://sim@0`` … (one engine, DP size N).
+SIM_ENGINE_URL = "http://sim"
+
+OutputHandler = Callable[["SimRank", RequestOutput, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """The simulated Ranks: how many, and each one's KV cache and batch limits."""
+
+    ranks: int = 2
+    num_blocks: int = 4096
+    block_size: int = 64
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # default: the whole KV cache of a Rank
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def engine_config(self, num_blocks: int | None = None) -> EngineConfig:
+        blocks = self.num_blocks if num_blocks is None else num_blocks
+        return EngineConfig(
+            data_parallel_size=self.ranks,
+            num_blocks=blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len or blocks * self.block_size,
+        )
+
+
+class SimRank:
+    """One Rank: its target, its core, and whether a step is scheduled."""
+
+    __slots__ = ("_clock", "_on_output", "core", "stepping", "target")
+
+    def __init__(self, target: Target, core: EngineCore, clock: VirtualClock, on_output: OutputHandler):
+        self.target = target
+        self.core = core
+        self.stepping = False
+        self._clock = clock
+        self._on_output = on_output
+
+    def add(self, request_id: str, prompt: Sequence[int], output_tokens: int, now: float) -> None:
+        """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
+        params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
+        self.core.add_request(request_id, prompt, params, now)
+        if not self.stepping:
+            self.stepping = True
+            self._clock.at(now, self._step)
+
+    def _step(self, _: object) -> None:
+        result = self.core.step(self._clock.now)
+        if result.num_scheduled_tokens == 0:
+            # Nothing could run: an empty Rank admits any request that fits its KV, so it is idle.
+            self.stepping = False
+            return
+        self._clock.at(result.end, self._deliver, result)
+
+    def _deliver(self, result: StepResult) -> None:
+        now = self._clock.now
+        for output in result.outputs:
+            self._on_output(self, output, now)
+        when = self.core.next_event_time()
+        if when is None:
+            self.stepping = False
+        else:
+            self._clock.at(when, self._step)
+
+    def observation(self) -> BackendObservation:
+        core = self.core
+        return BackendObservation(core.kv_cache_usage(), core.num_running, core.num_waiting)
+
+
+def build_fleet(
+    spec: FleetSpec, clock: VirtualClock, on_output: OutputHandler, *, num_blocks: int | None = None
+) -> list[SimRank]:
+    config = spec.engine_config(num_blocks)
+    targets = expand_targets([SIM_ENGINE_URL], spec.ranks)
+    return [SimRank(t, EngineCore(config, rank=t.rank), clock, on_output) for t in targets]
+
+
+def scrape(ranks: Sequence[SimRank]) -> list[Sample]:
+    """The Ranks' ``/metrics`` as the live bench scrapes and parses it (source = the engine URL)."""
+    if not ranks:
+        return []
+    model = ranks[0].core.config.model_name
+    text = render_metrics([r.core for r in ranks], model).decode()
+    return parse_metrics(text, SIM_ENGINE_URL)

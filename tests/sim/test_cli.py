@@ -1,0 +1,84 @@
+"""`progrouter simulate` end to end: flags, report files, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from progrouter.cli import main
+from progrouter.workload import trace as trace_mod
+
+from .workloads import small_trace
+
+pytestmark = pytest.mark.timeout(120)
+
+SMALL_FLAGS = [
+    "--tasks", "3", "--turns-min", "2", "--turns-max", "4", "--block-size", "16",
+    "--system-prompt-tokens", "256", "--task-prompt-tokens", "128", "--tool-result-tokens", "64",
+    "--output-tokens", "8", "--output-tokens-max", "16", "--max-context-tokens", "1024",
+]  # fmt: skip
+
+
+def test_generate_runs_every_arm_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    code = main(
+        [
+            "simulate", "--generate", "coding", *SMALL_FLAGS, "--ranks", "2", "--num-blocks", "96",
+            "--arms", "native,round_robin,program,binding_only,oracle",
+            "--program-config", '{"token_capacity_per_dp_rank": "kv", "global_queue": true}',
+            "--variant", 'lpc={"binding_strategy": "least_program_count"}',
+            "--hint", "next-gap", "--variant-hint", "program=none", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert list(report["arms"]) == ["binding_only", "lpc", "native", "oracle", "program", "round_robin"]
+    assert report["program_config"] == {"token_capacity_per_dp_rank": 96 * 16, "global_queue": True}
+    specs = report["arm_specs"]
+    assert specs["lpc"]["program_config"]["binding_strategy"] == "least_program_count"
+    assert specs["lpc"]["kv_retention_hint"] == "next-gap"
+    assert specs["program"]["kv_retention_hint"] is None
+    assert specs["binding_only"]["program_config"]["binding_only"] is True
+    assert specs["oracle"]["unbounded_kv"] is True
+    assert report["fleet"]["oracle_num_blocks_per_rank"] > 96
+    assert report["comparison"]["native"]["ratios_to_native"]["jct_seconds.mean"] == 1.0
+    assert set(report["scheduler"]) == {"binding_only", "lpc", "program"}
+    for arm in report["arms"]:
+        facts = (out / arm / "facts.jsonl").read_bytes().splitlines()
+        assert len(facts) == report["trace"]["requests"]
+    assert (out / "program" / "diagnostics.json").exists()
+    assert (out / "timing.json").exists()
+
+
+def test_a_trace_file_and_its_block_size(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    trace_mod.save(small_trace().head(2), path)
+    out = tmp_path / "r"
+    assert (
+        main(["simulate", "--trace", str(path), "--num-blocks", "512", "--arms", "native", "--out", str(out)])
+        == 0
+    )
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert report["fleet"]["block_size"] == 16  # the trace's
+    assert report["trace"]["tasks"] == 2
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--arms", "native,upstream"],
+        ["--arms", "native,bogus"],
+        ["--program-config", "[1]"],
+        ["--program-config", '{"no_such_knob": 1}'],
+        ["--hint", "soon"],
+        ["--variant-hint", "nobody=1"],
+        ["--variant", "broken"],
+    ],
+)
+def test_bad_flags_are_errors(tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--generate", "coding", *SMALL_FLAGS, *flags, "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().out
+    assert not (tmp_path / "report.json").exists()
