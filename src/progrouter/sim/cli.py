@@ -11,6 +11,7 @@ top; ``--hint`` / ``--variant-hint NAME=HINT`` make the agents send ``kv_retenti
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,7 @@ def print_report(report: dict[str, Any], console: Console, results: list[ArmResu
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         trace = load_trace(args)
         fleet = fleet_from_args(args, trace)
