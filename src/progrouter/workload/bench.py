@@ -213,6 +213,10 @@ class Bench:
         self.console = console
         self.progress = progress
         self.time_scale = plan.fleet.time_scale
+        # The same engine ports for every arm: the consistent-hash ring hashes worker URLs, so arms that hash
+        # see the same placement and differ only in what they are meant to compare.
+        engines = plan.fleet.engines if isinstance(plan.fleet, EngineFleet) else 0
+        self.engine_ports = [free_port() for _ in range(engines)]
 
     def _dp_size(self) -> int:
         return self.plan.fleet.dp_size
@@ -229,8 +233,7 @@ class Bench:
         blocks = oracle_blocks(self.plan.trace, fleet) if arm.unbounded_kv else fleet.num_blocks
         urls, children = [], []
         try:
-            for i in range(fleet.engines):
-                port = free_port()
+            for i, port in enumerate(self.engine_ports):
                 child = await Child.start(f"engine {i}", fleet.argv(port, blocks), folder / f"engine-{i}.log")
                 children.append(child)
                 urls.append(f"http://127.0.0.1:{port}")

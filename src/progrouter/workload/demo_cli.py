@@ -57,7 +57,7 @@ DEMO_FLEET = EngineFleet(
     time_scale=10.0,
 )
 #: The recommended first-deployment configuration (see docs/benchmark.md for how the strategy was chosen).
-RECOMMENDED_BINDING_STRATEGY = "consistent_hash"
+RECOMMENDED_BINDING_STRATEGY = "least_program_count"
 
 
 def recommended_config(fleet: EngineFleet) -> dict[str, Any]:
