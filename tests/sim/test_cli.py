@@ -73,6 +73,8 @@ def test_a_trace_file_and_its_block_size(tmp_path: Path) -> None:
         ["--program-config", "[1]"],
         ["--program-config", '{"no_such_knob": 1}'],
         ["--hint", "soon"],
+        ["--hint", "next-gap:x"],
+        ["--hint", "-1"],
         ["--variant-hint", "nobody=1"],
         ["--variant", "broken"],
     ],

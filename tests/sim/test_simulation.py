@@ -126,3 +126,8 @@ def test_a_next_gap_hint_arms_the_hinted_ttl() -> None:
     assert armed["mean"] == pytest.approx((0.75 + 3.0 + 2 * NEXT_GAP_SLACK) / 3)
     # Held across both tool calls: one admission, no TTL expiry before the last request's 0-second hint.
     assert result.scheduler["transitions"]["program_admit"] == 1
+    # Retaining only tool calls of at most a second: the 3-second gap gets 0 and a second admission.
+    short = Simulation(t, ONE_RANK, variant_arm("short", {}, {}, hint=f"{NEXT_GAP}:1")).run()
+    assert short.scheduler is not None
+    assert short.scheduler["armed_ttl_seconds"]["mean"] == pytest.approx((0.75 + NEXT_GAP_SLACK) / 3)
+    assert short.scheduler["transitions"]["program_admit"] == 2

@@ -19,6 +19,8 @@ from progrouter.workload.bench import ARMS
 #: A retention hint: None (send none), seconds, or ``"next-gap"``: an agent that knows how long its tool call
 #: takes, i.e. the gap before the Program's next request plus ``NEXT_GAP_SLACK`` (a TTL of exactly the gap
 #: expires at the very instant the request arrives, as timers due at ``now`` run first); 0 after its last.
+#: ``"next-gap:MAX"`` asks for that only when the gap is at most MAX seconds, else 0 (retain short tool
+#: calls only).
 Hint = float | str | None
 NEXT_GAP = "next-gap"
 NEXT_GAP_SLACK = 0.1
@@ -77,14 +79,22 @@ def variant_arm(name: str, base: dict[str, Any], overrides: dict[str, Any], hint
     return SimArm(name, None, program_config({**base, **overrides}, where=f"{name} config"), hint=hint)
 
 
+def _seconds(text: str) -> float | None:
+    try:
+        seconds = float(text)
+    except ValueError:
+        return None
+    return seconds if 0.0 <= seconds < float("inf") else None
+
+
 def parse_hint(text: str | None) -> Hint:
     if text is None or text == "none":
         return None
-    if text == NEXT_GAP:
-        return NEXT_GAP
-    seconds = float(text)
-    if not seconds >= 0.0 or seconds == float("inf"):
-        raise ValueError(f"a retention hint is seconds >= 0, {NEXT_GAP!r} or 'none', not {text!r}")
+    if text == NEXT_GAP or (text.startswith(f"{NEXT_GAP}:") and _seconds(text.partition(":")[2]) is not None):
+        return text
+    seconds = _seconds(text)
+    if seconds is None:
+        raise ValueError(f"a retention hint is SECONDS, {NEXT_GAP}[:MAX] or none, not {text!r}")
     return seconds
 
 
@@ -94,4 +104,8 @@ def hint_value(hint: Hint, request: SimRequest) -> float | None:
         return hint
     following = request.step + 1
     requests = request.program.requests
-    return requests[following].gap + NEXT_GAP_SLACK if following < len(requests) else 0.0
+    if following >= len(requests):
+        return 0.0
+    gap = requests[following].gap
+    _, _, limit = hint.partition(":")
+    return 0.0 if limit and gap > float(limit) else gap + NEXT_GAP_SLACK
