@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from progrouter.calibrate.measure import common_window_steps
+from progrouter.calibrate.measure import StreamResult, common_window_steps, disturbance
 
 
 def stream(first: float, step: float, tokens: int, start_token: int = 1) -> list[tuple[float, int]]:
@@ -36,3 +36,25 @@ def test_coalesced_chunks_count_tokens_not_chunks() -> None:
 def test_no_overlap_falls_back_to_each_whole_stream() -> None:
     steps = common_window_steps([stream(0.0, 0.01, 5), stream(1.0, 0.02, 5)])
     assert steps == pytest.approx([0.01, 0.02])
+
+
+def test_a_tiny_window_falls_back_to_whole_streams() -> None:
+    # B's first token only arrived with A's last few: the common window holds too few of A's tokens.
+    a = stream(0.0, 0.01, 20)
+    b = [(0.185, 1), (0.1851, 2), (0.1852, 3), (0.19, 20)]
+    steps = common_window_steps([a, b])
+    assert steps[0] == pytest.approx(0.01)
+
+
+def _result(points: list[tuple[float, int]]) -> StreamResult:
+    return StreamResult(points[0][0], points[-1][0], len(points), 100, points[-1][1], 0, tuple(points))
+
+
+def test_disturbance_flags_coalesced_chunks_and_disagreeing_requests() -> None:
+    clean = [_result(stream(0.0, 0.01, 20)), _result(stream(0.0, 0.01, 20))]
+    assert disturbance(clean, [0.01, 0.01]) is None
+    burst = [(0.0, 1), (0.01, 2), (0.19, 20)]  # 18 tokens in one chunk
+    flagged = disturbance([_result(burst), clean[0]], [0.01, 0.01])
+    assert flagged is not None and "several per chunk" in flagged
+    assert disturbance(clean, [0.01, 0.03]) == "per-request step times disagree by more than 2x"
+    assert disturbance(clean, [0.0, 0.01]) is not None

@@ -14,8 +14,10 @@ is ``(t_last_token - t_first_token) / (N - 1)``; the sample is the mean over the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +50,8 @@ class Plan:
     decode_contexts: tuple[int, ...] = (256, 1024, 2048)
     decode_tokens: int = 32
     decode_repeats: int = 1
+    # A batch whose timing was disturbed (see ``disturbance``) is measured again, up to this many times.
+    decode_attempts: int = 3
     warmup_requests: int = 2
     seed: int = 0
     request_timeout_seconds: float = 300.0
@@ -57,7 +61,8 @@ class Plan:
     def request_count(self) -> int:
         prefill = len(self.prefill_lengths) * self.prefill_repeats
         decode = sum(2 * b for b in self.batch_sizes) * len(self.decode_contexts) * self.decode_repeats
-        return self.warmup_requests + prefill + decode
+        warmup = self.warmup_requests + (2 * max(self.batch_sizes) if self.warmup_requests else 0)
+        return warmup + prefill + decode
 
 
 @dataclass(frozen=True)
@@ -385,6 +390,10 @@ async def measure(
         for _ in range(plan.warmup_requests):
             await _send(backend, prompts, min(plan.prefill_lengths), 1)
             tick(1, "warm-up")
+        warm_b, warm_c = max(plan.batch_sizes), min(plan.decode_contexts)
+        fits = capacity is None or warm_b * (warm_c + plan.decode_tokens) <= 0.8 * capacity
+        if plan.warmup_requests and fits:  # a fresh server's first decode batches run slow (kernel set-up)
+            await _timed_batch(backend, prompts, plan, warm_b, warm_c, tick)
 
         await _measure_prefill(backend, prompts, plan, result, tick)
         await _measure_decode(backend, prompts, plan, result, tick)
@@ -454,19 +463,14 @@ async def _measure_decode(
             )
             tick(2 * batch, "skipped")
             continue
-        batch_prompts = [_prompt(backend, prompts, context) for _ in range(batch)]
-        for p in batch_prompts:  # warm each prefix so the timed requests decode together
-            await _complete(backend, p, 1)
-            tick(1, f"decode B={batch} ctx={context}: warming")
-        runs = await asyncio.gather(*(_complete(backend, p, n_new) for p in batch_prompts))
-        tick(batch, f"decode B={batch} ctx={context}")
-        for r in runs:
-            if r.completion_tokens < 2 or r.chunks < 2:
-                raise CalibrationError(
-                    f"the backend generated {r.completion_tokens} tokens where {n_new} were asked "
-                    "(it must honour min_tokens/ignore_eos)"
-                )
-        steps = [s * plan.time_scale for s in common_window_steps([r.points for r in runs])]
+        runs, steps, trouble = await _timed_batch(backend, prompts, plan, batch, context, tick)
+        for attempt in range(2, plan.decode_attempts + 1):
+            if trouble is None:
+                break
+            result.warnings.append(f"decode B={batch} context={context}: {trouble}; measuring again")
+            runs, steps, trouble = await _timed_batch(backend, prompts, plan, batch, context, tick, attempt)
+        if trouble is not None:
+            result.warnings.append(f"decode B={batch} context={context}: {trouble}; kept (median used)")
         total_context = sum(r.prompt_tokens + r.completion_tokens / 2 for r in runs)
         result.decode.append(
             DecodeSample(
@@ -476,7 +480,7 @@ async def _measure_decode(
                 cached_tokens=tuple(r.cached_tokens for r in runs),
                 new_tokens=n_new,
                 context_tokens=total_context,
-                step_seconds=sum(steps) / len(steps),
+                step_seconds=statistics.median(steps),
                 per_request_step_seconds=tuple(steps),
             )
         )
@@ -494,17 +498,65 @@ def common_window_steps(streams: Sequence[Sequence[tuple[float, int]]]) -> list[
     Requests sent together may start decoding a step or two apart (the last one's prefill tail then rides
     in the others' steps) and stop apart. Between the last first-token and the first last-token every step
     decodes the whole batch, so each request's step is (Δ time) / (Δ tokens) over its points in that window;
-    a request with fewer than two points there falls back to its whole stream.
+    a request with less than half its tokens there (the batch never really decoded together) falls back to
+    its whole stream.
     """
     w0 = max(pts[0][0] for pts in streams)
     w1 = min(pts[-1][0] for pts in streams)
     out = []
     for pts in streams:
         inside = [p for p in pts if w0 <= p[0] <= w1]
-        if len(inside) < 2 or inside[-1][1] <= inside[0][1]:
+        if len(inside) < 2 or 2 * (inside[-1][1] - inside[0][1]) < pts[-1][1] - pts[0][1]:
             inside = list(pts)
         out.append((inside[-1][0] - inside[0][0]) / max(1, inside[-1][1] - inside[0][1]))
     return out
+
+
+async def _timed_batch(
+    backend: Backend,
+    prompts: PromptFactory,
+    plan: Plan,
+    batch: int,
+    context: int,
+    tick: ProgressFn,
+    attempt: int = 1,
+) -> tuple[list[StreamResult], list[float], str | None]:
+    """Warm B fresh prompts, then decode them together; per-request steps and what disturbed them, if any."""
+    label = f"decode B={batch} ctx={context}" + (f" (attempt {attempt})" if attempt > 1 else "")
+    batch_prompts = [_prompt(backend, prompts, context) for _ in range(batch)]
+    for p in batch_prompts:  # warm each prefix so the timed requests decode together
+        await _complete(backend, p, 1)
+        tick(1 if attempt == 1 else 0, f"{label}: warming")
+    runs = await asyncio.gather(*(_complete(backend, p, plan.decode_tokens) for p in batch_prompts))
+    tick(batch if attempt == 1 else 0, label)
+    for r in runs:
+        if r.completion_tokens < 2 or r.chunks < 2:
+            raise CalibrationError(
+                f"the backend generated {r.completion_tokens} tokens where {plan.decode_tokens} were asked "
+                "(it must honour min_tokens/ignore_eos)"
+            )
+    steps = [s * plan.time_scale for s in common_window_steps([r.points for r in runs])]
+    return list(runs), steps, disturbance(runs, steps)
+
+
+def disturbance(runs: Sequence[StreamResult], steps: Sequence[float]) -> str | None:
+    """Why a batch's timing cannot be trusted, or None.
+
+    A starved API server delivers several tokens per chunk (continuous usage shows the jump) and in bursts, so
+    the arrival times no longer follow the engine's steps; and requests of one batch share every step, so
+    their per-request estimates must agree.
+    """
+    tokens = sum(r.points[-1][1] - r.points[0][1] for r in runs)
+    coalesced = sum(_coalesced(r.points) for r in runs)
+    if tokens > 0 and coalesced > 0.25 * tokens:
+        return f"{coalesced} of {tokens} tokens arrived several per chunk (a starved or slow server)"
+    if min(steps) <= 0 or max(steps) > 2.0 * min(steps):
+        return "per-request step times disagree by more than 2x"
+    return None
+
+
+def _coalesced(points: Sequence[tuple[float, int]]) -> int:
+    return sum(b[1] - a[1] for a, b in itertools.pairwise(points) if b[1] - a[1] > 1)
 
 
 async def _complete(backend: Backend, prompt: list[int] | str, max_tokens: int) -> StreamResult:
