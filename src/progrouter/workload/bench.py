@@ -187,14 +187,21 @@ def oracle_blocks(trace: Trace, fleet: EngineFleet) -> int:
 ProgressFactory = Callable[[str, int], Callable[[Fact], None]]
 
 
-async def _scrape(session: aiohttp.ClientSession, url: str, source: str = "") -> list[Sample]:
+async def _scrape(
+    session: aiohttp.ClientSession, url: str, source: str = "", keep: Path | None = None
+) -> list[Sample]:
+    """The samples of ``url``/metrics (empty if it cannot be read); the raw text is kept in ``keep``."""
     try:
         async with session.get(f"{url}/metrics") as resp:
             if resp.status != 200:
                 return []
-            return parse_metrics(await resp.text(), source)
+            text = await resp.text()
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return []
+    if keep is not None:
+        with open(keep, "a") as f:
+            f.write(text)
+    return parse_metrics(text, source)
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
@@ -300,7 +307,9 @@ class Bench:
         trace = self.plan.trace
         timeout = aiohttp.ClientTimeout(total=10.0)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            before = [s for u in engine_urls for s in await _scrape(session, u, u)]
+            before = [
+                s for u in engine_urls for s in await _scrape(session, u, u, folder / "engine-before.prom")
+            ]
             sink = self.progress(arm.name, trace.num_requests) if self.progress else None
             with open(folder / "facts.jsonl", "wb") as f:
 
@@ -313,8 +322,10 @@ class Bench:
                 if arm.upstream and self._dp_size() > 1:
                     opts = replace(opts, headers={**opts.headers, "Authorization": "Bearer progrouter-bench"})
                 result = await replay(trace, opts, on_fact)
-            after = [s for u in engine_urls for s in await _scrape(session, u, u)]
-            router_samples = await _scrape(session, metrics_url)
+            after = [
+                s for u in engine_urls for s in await _scrape(session, u, u, folder / "engine-after.prom")
+            ]
+            router_samples = await _scrape(session, metrics_url, keep=folder / "router.prom")
             diagnostics = await _get_json(session, f"{router_url}/scheduling/diagnostics")
         if diagnostics is not None:
             (folder / "diagnostics.json").write_bytes(orjson.dumps(diagnostics, option=orjson.OPT_INDENT_2))

@@ -10,6 +10,7 @@ figure says which.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,6 +50,19 @@ class Sample:
 
 def parse_metrics(text: str, source: str = "") -> list[Sample]:
     """Every sample of a Prometheus exposition; ``source`` (e.g. the engine URL) is added as a label."""
+    try:
+        return _parse(text, source)
+    except ValueError:
+        # One malformed line makes the parser refuse the whole text: keep every line that parses alone.
+        out = []
+        for line in text.splitlines():
+            if line.strip() and not line.startswith("#"):
+                with contextlib.suppress(ValueError):
+                    out.extend(_parse(line, source))
+        return out
+
+
+def _parse(text: str, source: str) -> list[Sample]:
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
