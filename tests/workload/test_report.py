@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from progrouter.workload.facts import Fact
@@ -161,3 +163,21 @@ def test_ratios_and_gap_closed() -> None:
         gap_closed({"native": arms["native"], "program": arms["program"]}, "program", "native", "oracle")
         is None
     )
+
+
+def test_table_and_plots(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from progrouter.workload.render import plot, print_report
+
+    native = figures()
+    native["jct_per_task"] = {"A": 4.0, "C": 6.0}
+    arms = {"native": native, "program": dict(native, token_cache_hit=0.75)}
+    report = {"arms": arms, "comparison": compare(arms), "program_config": {"global_queue": True}}
+    console = Console(record=True, width=200)
+    print_report(report, console, tmp_path)
+    text = console.export_text()
+    assert "75.0% (1.43×)" in text and "router histogram" in text and "engine 0 Rank 1" in text
+    paths = plot(report, tmp_path)
+    assert [p.name for p in paths] == ["jct.png", "cache_hit.png", "queue_wait.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
