@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def report_accounting_sources(core: Core, now: float) -> None:
     """Log each Rank's capacity-accounting source once per change: WARN into a fallback, INFO on recovery."""
     ledger = core.ledger
-    freshness = 3.0 * core.config.metrics_interval_seconds
+    freshness = ledger.freshness_seconds
     for target_id in core.targets:
         account = ledger.account(target_id)
         current = ledger.source(target_id, now)

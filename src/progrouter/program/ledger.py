@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.program.policy import (
+    OBSERVATION_FRESHNESS_INTERVALS,
     CapacityAccountingSource,
     capacity_accounting_source,
     estimate_active_program_tokens,
@@ -83,6 +84,7 @@ class CapacityLedger:
     def __init__(self, capacity_tokens: int | None, metrics_interval_seconds: float) -> None:
         self.capacity_tokens = capacity_tokens
         self.metrics_interval_seconds = metrics_interval_seconds
+        self.freshness_seconds = OBSERVATION_FRESHNESS_INTERVALS * metrics_interval_seconds
         self.accounts: dict[str, RankAccount] = {}
         self.dirty: set[str] = set()
         self.revision = 0

@@ -302,7 +302,7 @@ def retention_due(core: Core, program: Program, now: float) -> bool:
     return (
         program.phase == (ProgramState.PAUSED, ProgramStatus.ACTING)
         and paused_at is not None
-        and now - paused_at >= core.config.paused_retention_ttl_seconds
+        and paused_at + core.config.paused_retention_ttl_seconds <= now  # the timer's own sum: exact
         and core.table.lookup(program.ref) is program
     )
 

@@ -40,6 +40,8 @@ from progrouter.program.types import BackendObservation, NoTargets, UsageObserva
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
+STALE_MARGIN_SECONDS = 1e-6  # past the freshness limit by more than float rounding, at any clock magnitude
+
 __all__ = [
     "Dispatched",
     "ObservationEpoch",
@@ -170,10 +172,10 @@ class ProgramScheduler:
         core = self._core
         config = self.config
         model_pool = request.model_pool
+        self._advance(now)
         if not core.pool_targets.get(model_pool):
             raise NoTargets()
         core.tracked_pools.add(model_pool)
-        self._advance(now)
         identity, hints = request.identity, request.hints
         program = core.table.get(model_pool, identity.program_id)
         if program is None:
@@ -229,6 +231,8 @@ class ProgramScheduler:
                 view.target_id, False, False, view.active, view.used, required_tokens(core, program), 0.0
             )
             commit_admission(core, program, plan, now)
+        elif program.queue_key is not None:
+            requeue(core, program, now)  # its demand grew: plan it again
         else:
             enqueue(core, program, now)
         if core.pool.get(handle) is not None:
@@ -343,7 +347,9 @@ class ProgramScheduler:
             )
             return
         self._advance(now)
+        stale_at = now + core.ledger.freshness_seconds + STALE_MARGIN_SECONDS
         for target_id in core.ledger.apply(now, epoch, observations):
+            core.timers.add(stale_at, TimerKind.OBSERVATION_STALE, target_id)
             account = core.ledger.accounts[target_id]
             observation = account.observation
             assert observation is not None
@@ -379,6 +385,10 @@ class ProgramScheduler:
             return core.pool.owner(payload) is not None
         if kind is TimerKind.PRUNE_GENERATION:
             return True
+        if kind is TimerKind.OBSERVATION_STALE:
+            assert isinstance(payload, str)
+            observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
+            return observed_at is not None and observed_at + core.ledger.freshness_seconds < when
         assert isinstance(payload, Program)
         if core.table.lookup(payload.ref) is not payload:
             return False
@@ -406,6 +416,11 @@ class ProgramScheduler:
             if kind is TimerKind.PRUNE_GENERATION:
                 assert isinstance(payload, tuple)
                 core.table.forget_generation(*payload)
+                continue
+            if kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
+                assert isinstance(payload, str)
+                if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
+                    core.ledger.dirty.add(payload)
                 continue
             assert isinstance(payload, Program)
             if core.table.lookup(payload.ref) is not payload:

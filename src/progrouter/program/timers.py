@@ -19,9 +19,10 @@ class TimerKind(IntEnum):
 
     ACTING_TTL = 0
     PAUSED_RETENTION = 1
-    FORCE_RESUME = 2
-    PRUNE_GENERATION = 3
-    QUEUE_TIMEOUT = 4
+    OBSERVATION_STALE = 2
+    FORCE_RESUME = 3
+    PRUNE_GENERATION = 4
+    QUEUE_TIMEOUT = 5
 
 
 Due = tuple[float, TimerKind, object]

@@ -1,0 +1,132 @@
+"""The §5.6 diagnostics snapshot and the gauges published on tick."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import POOL, T0, T1, Harness
+
+from progrouter.program.state import ProgramRef
+from progrouter.program.types import BackendObservation
+
+pytestmark = pytest.mark.timeout(30)
+
+RANK_KEYS = {
+    "target_id", "base_url", "dp_rank", "configured_token_capacity", "router_estimated_used_tokens",
+    "router_estimated_headroom_tokens", "vllm_usage_scaled_tokens", "observed_active_reasoning_tokens",
+    "observed_active_program_tokens", "tracked_active_reasoning_requests",
+    "observed_router_active_reasoning_programs", "observed_router_active_reasoning_requests",
+    "active_program_token_delta_since_observation", "future_pause_relief_tokens",
+    "active_acting_private_tokens",
+    "router_minus_vllm_used_tokens", "router_active_programs", "router_active_reasoning_programs",
+    "router_active_acting_programs", "router_paused_reasoning_programs", "router_paused_acting_programs",
+    "router_in_flight_requests", "router_queued_programs", "router_queued_requests", "vllm_kv_cache_usage",
+    "vllm_running_requests", "vllm_waiting_requests", "observation_age_seconds", "observation_fresh",
+    "capacity_accounting_source", "rolling", "programs",
+}  # fmt: skip
+ROLLING_KEYS = {
+    "request_samples", "continuity_samples", "ttl_pause_samples", "request_window_complete",
+    "continuity_window_complete", "avg_prompt_tokens", "avg_completion_tokens", "avg_cached_prompt_tokens",
+    "avg_cached_prompt_ratio", "avg_context_growth_tokens", "avg_e2e_seconds", "avg_decode_seconds",
+    "avg_router_queue_seconds", "avg_rounds_since_ttl_pause", "request_throughput_per_second",
+    "fitted_acting_ttl_seconds",
+}  # fmt: skip
+PROGRAM_KEYS = {
+    "program", "generation", "state", "status", "expected_resume", "task_id", "session_id", "agent_id",
+    "parent_program_id", "root_program_id", "blocks_parent", "agent_role", "spawn_reason", "step_id",
+    "request_id", "request_priority", "request_deadline_seconds", "expected_output_tokens",
+    "kv_retention_ttl_seconds", "home_target", "last_target", "placement", "estimated_context_tokens",
+    "shared_prefix_tokens", "shared_prefix_freshness_remaining_seconds", "logical_tokens", "private_tokens",
+    "in_flight_requests", "waiting_requests", "segment_served_rounds", "rounds_since_activation",
+    "rounds_since_ttl_pause", "pause_when_idle", "pause_reason", "acting_seconds", "queued_seconds",
+    "ttl_remaining_seconds", "force_resume_remaining_seconds", "force_resume_timeout_seconds",
+    "force_resume_active_remaining_rounds", "force_resume_pool_remaining_rounds",
+    "force_resume_request_throughput_per_second",
+}  # fmt: skip
+
+
+def test_snapshot_exposes_program_and_rank_facts(harness: Any) -> None:
+    h: Harness = harness(
+        targets=[T0, T1], token_capacity_per_dp_rank=10_000, max_active_programs_per_target=1
+    )
+    a = h.arrive("team:lead", 400, request_id="r-1", kv_retention_ttl_seconds=3.0)
+    h.at(1.0).complete(a, prompt=400, cached=0)
+    h.observe({T0: BackendObservation(0.25, 1, 0), T1: BackendObservation(0.0, 0, 0)})
+    h.tick()
+    snapshot = h.diagnostics()
+    json.dumps(snapshot, allow_nan=False)  # JSON-ready
+    assert snapshot["enabled"] is True and snapshot["resume_order"] == "mru"
+    assert snapshot["global_queue"] is False and snapshot["binding_only"] is False
+    assert [r["target_id"] for r in snapshot["ranks"]] == [T0, T1]
+    for rank in snapshot["ranks"]:
+        assert set(rank) >= RANK_KEYS
+        assert set(rank["rolling"]) >= ROLLING_KEYS or rank["rolling"]["request_samples"] == 0
+    home = h.program("team:lead")
+    assert home is not None and set(home) >= PROGRAM_KEYS
+    assert home["program"] == ProgramRef(POOL, "team:lead", 0).redacted_id()
+    assert (
+        len(home["program"]) == 16 and home["root_program_id"] == "team:lead"
+    )  # identity fields stay, as upstream
+    assert (home["state"], home["status"], home["request_id"]) == ("active", "acting", "r-1")
+    assert home["ttl_remaining_seconds"] == pytest.approx(3.0)
+    rank = h.rank(home["placement"])
+    assert rank["router_active_acting_programs"] == 1
+    assert rank["capacity_accounting_source"] == "backend_observation"
+    assert rank["observation_fresh"] is True
+
+
+def test_rolling_block_once_samples_exist(harness: Any) -> None:
+    h: Harness = harness()
+    a = h.arrive("a", 1000)
+    h.at(2.0).complete(a, prompt=1000, completion=50, cached=400, decode_seconds=1.5)
+    rolling = h.rank()["rolling"]
+    assert set(rolling) >= ROLLING_KEYS
+    assert rolling["request_samples"] == 1 and rolling["request_window_complete"] is False
+    assert rolling["avg_prompt_tokens"] == 1000 and rolling["avg_cached_prompt_ratio"] == pytest.approx(0.4)
+    assert rolling["avg_decode_seconds"] == pytest.approx(1.5) and rolling[
+        "avg_e2e_seconds"
+    ] == pytest.approx(2.0)
+    assert rolling["fitted_acting_ttl_seconds"] == 0.0
+
+
+def test_queued_program_shows_force_resume_and_queue_facts(harness: Any) -> None:
+    h: Harness = harness(max_active_programs_per_target=1)
+    h.arrive("z", kv_retention_ttl_seconds=100.0)
+    h.at(1.0).arrive("w", priority=3, deadline_seconds=50.0, expected_output_tokens=70)
+    h.at(4.0)
+    program = h.program("w")
+    assert program is not None
+    assert program["queued_seconds"] == pytest.approx(3.0)
+    assert program["force_resume_remaining_seconds"] == pytest.approx(47.0)
+    assert program["waiting_requests"] == 1 and program["request_priority"] == 3
+    assert program["private_tokens"] == 100 + 70
+    rank = h.rank()
+    assert (rank["router_queued_programs"], rank["router_queued_requests"]) == (1, 1)
+    assert rank["router_paused_reasoning_programs"] == 1
+    assert h.diagnostics()["retained_requests"] == 1
+
+
+def test_gauges_are_published_on_tick(harness: Any) -> None:
+    h: Harness = harness(max_active_programs_per_target=1)
+    a = h.arrive("a", kv_retention_ttl_seconds=100.0)
+    h.arrive("b")
+    h.at(1.0).complete(a)
+    h.tick()
+    gauges = h.observer.gauges
+    assert gauges[("rank_queue_size", (("target", T0),))] == 1
+    assert gauges[("rank_active_programs", (("target", T0),))] == 1
+    assert gauges[("capacity_observation_fresh", (("target", T0),))] == 0
+    assert gauges[("rolling_samples", (("target", T0), ("window", "request")))] == 1
+    assert ("fitted_ttl_seconds", (("target", T0),)) in gauges
+
+
+def test_identity_free_traffic_leaves_no_trace(harness: Any) -> None:
+    h: Harness = harness()
+    h.tick(1.0)
+    snapshot = h.diagnostics()
+    assert snapshot["programs"] == 0 and snapshot["retained_requests"] == 0
+    assert h.scheduler.tracked_targets() == []  # nothing to poll until a Program arrives
+    h.arrive("a")
+    assert [t.id for t in h.scheduler.tracked_targets()] == [T0]
