@@ -57,4 +57,12 @@ def test_disturbance_flags_coalesced_chunks_and_disagreeing_requests() -> None:
     flagged = disturbance([_result(burst), clean[0]], [0.01, 0.01])
     assert flagged is not None and "several per chunk" in flagged
     assert disturbance(clean, [0.01, 0.03]) == "per-request step times disagree by more than 2x"
+    # one token per chunk, but read in two bursts: the median gap is ~0 against a mean of ~10 ms
+    bursts = (
+        [(0.0, 1)]
+        + [(0.1 + i * 1e-5, 2 + i) for i in range(9)]
+        + [(0.19 + i * 1e-5, 11 + i) for i in range(9)]
+    )
+    flagged = disturbance([_result(bursts)], [0.01])
+    assert flagged is not None and "bursts" in flagged
     assert disturbance(clean, [0.0, 0.01]) is not None

@@ -14,7 +14,7 @@ from progrouter.config import ProgramSchedulingConfig
 
 from .conftest import NOTES, VllmServer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 PLAN = [
     "--prefill-lengths", "256,1024,2048,3072,4096", "--prefill-repeats", "3",
     "--batch-sizes", "1,2,4,8", "--decode-contexts", "128,512,1024", "--decode-tokens", "32",

@@ -14,7 +14,7 @@ from progrouter.engine.server import start_engine
 
 from .conftest import MODEL_NAME, VllmServer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 SCENARIO = Path(__file__).resolve().parents[1] / "data" / "fidelity_scenario.json"
 
 

@@ -8,7 +8,7 @@ import pytest
 from .conftest import MODEL_NAME, RouterFactory, VllmServer
 from .helpers import engine_counters, read_sse
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 async def test_native_round_robin_reaches_both_ranks(

@@ -14,7 +14,7 @@ import pytest
 from .conftest import BLOCK_SIZE, KV_TOKENS_PER_RANK, MODEL_NAME, VOCAB_SIZE, RouterFactory, VllmServer
 from .helpers import agentic, diagnostics, engine_counters, read_sse
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 INTERVAL = 0.2
 
 

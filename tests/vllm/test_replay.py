@@ -18,7 +18,7 @@ from progrouter.workload.trace import load as load_trace
 from .conftest import BLOCK_SIZE, MAX_MODEL_LEN, NOTES, VOCAB_SIZE, RouterFactory
 from .helpers import diagnostics
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 # Half the engine's 16,384 KV tokens per Rank: ten ~3-6k-token agents on two Ranks cannot all be admitted.
 CAPACITY = 8_192
 TRACE_FLAGS = [

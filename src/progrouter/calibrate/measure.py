@@ -550,9 +550,20 @@ def disturbance(runs: Sequence[StreamResult], steps: Sequence[float]) -> str | N
     coalesced = sum(_coalesced(r.points) for r in runs)
     if tokens > 0 and coalesced > 0.25 * tokens:
         return f"{coalesced} of {tokens} tokens arrived several per chunk (a starved or slow server)"
+    if any(_bursty(r.points) for r in runs):
+        return "tokens arrived in bursts (the client or the server was starved of CPU)"
     if min(steps) <= 0 or max(steps) > 2.0 * min(steps):
         return "per-request step times disagree by more than 2x"
     return None
+
+
+def _bursty(points: Sequence[tuple[float, int]]) -> bool:
+    """A steady stream has a median gap near its mean step; a stream read in bursts has gaps near zero."""
+    gaps = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in itertools.pairwise(points) if b[1] > a[1]]
+    if len(gaps) < 4:
+        return False
+    mean = (points[-1][0] - points[0][0]) / max(1, points[-1][1] - points[0][1])
+    return statistics.median(gaps) < 0.5 * mean
 
 
 def _coalesced(points: Sequence[tuple[float, int]]) -> int:
