@@ -79,9 +79,26 @@ class RankView:
     def count_fits(self) -> bool:
         return self.active + 1 <= self._core.config.max_active_programs_per_target
 
-    def may_admit(self, required: int) -> bool:
-        """Could an unforced candidate demanding ``required`` pass the count guard and immediate capacity?"""
-        return self.count_fits and (self.low_tokens is None or self.used + required <= self.low_tokens)
+    def may_admit(self, required: int, uncached: int) -> bool:
+        """Could an unforced candidate be admitted, given lower bounds of the candidates' demand and
+        uncached context? False means no unforced candidate can: count, capacity, reserve and batch gain."""
+        if not self.count_fits:
+            return False
+        low = self.low_tokens
+        if low is None or self.used + required + self.reserve <= low:
+            return True
+        if self.used + required > low:
+            return False
+        return self._batch_bound_allows(uncached)
+
+    def _batch_bound_allows(self, uncached: int) -> bool:
+        """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
+        grows with the uncached context and the continuity loss with demand."""
+        if self._batch is None:
+            self._batch = self._batch_inputs()
+        best = self._batch.best
+        recovery = self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+        return best.batch_gain_seconds >= recovery + best.continuity_loss_seconds
 
     def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
         """Batch-gain admission of one reserve-failing candidate (upstream §3.6).
@@ -91,15 +108,9 @@ class RankView:
         every candidate: the gain only shrinks with context and the continuity loss only grows with demand,
         so a candidate whose recovery alone exceeds the best-case margin is refused without the full model.
         """
-        if self._batch is None:
-            self._batch = self._batch_inputs()
-        best = self._batch.best
-        config = self._core.config
-        recovery = config.prefill_cost_model.cache_miss_impact_seconds(
-            max(0, context_tokens - shared_prefix_tokens)
-        )
-        if best.batch_gain_seconds < recovery + best.continuity_loss_seconds:
+        if not self._batch_bound_allows(max(0, context_tokens - shared_prefix_tokens)):
             return False
+        assert self._batch is not None
         return self._batch.estimate(context_tokens, shared_prefix_tokens, float(required)).admits
 
     def _batch_inputs(self) -> _BatchInputs:

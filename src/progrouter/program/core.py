@@ -58,7 +58,7 @@ class Core:
         self.pool = RequestPool()
         self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds)
         self.table = ProgramTable(self.ledger, self.pool)
-        self.queues = RankQueues()
+        self.queues = RankQueues(pool_order=config.global_queue)
         self.binder = Binder(config, cache_index)
         self.timers = Timers()
         self.lineage = ProgramLineage()

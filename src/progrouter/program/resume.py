@@ -56,19 +56,50 @@ if TYPE_CHECKING:
     from progrouter.program.state import Program
 
 
+class _LazyMin:
+    """Min-heap of one value per queued Program, deleted lazily: an entry counts while its Program still
+    sits in the queue under the key it was pushed with."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, QueueKey]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, value: int, key: QueueKey) -> None:
+        heapq.heappush(self._heap, (value, key[-1], key))
+
+    def rebuild(self, entries: list[tuple[int, int, QueueKey]]) -> None:
+        heapq.heapify(entries)
+        self._heap = entries
+
+    def min(self, programs: dict[int, Program]) -> int | None:
+        heap = self._heap
+        while heap:
+            value, serial, key = heap[0]
+            program = programs.get(serial)
+            if program is not None and program.queue_key == key:
+                return value
+            heapq.heappop(heap)
+        return None
+
+
 class RankQueue:
     """The Paused Programs with retained requests whose last Rank is this one, in resume order.
 
-    Besides the ordered keys it keeps a lazy min-heap of the queued Programs' demands, so a pass can tell in
-    O(1) that no unforced candidate can fit and stop without planning each one.
+    Besides the ordered keys it keeps lower bounds of the queued Programs' demand and uncached context, so
+    a pass can tell in O(1) that no unforced candidate can be admitted and stop without planning each one.
     """
 
-    __slots__ = ("_demand", "_keys", "_programs", "pending")
+    __slots__ = ("_demand", "_keys", "_programs", "_uncached", "pending")
 
     def __init__(self) -> None:
         self._keys: list[QueueKey] = []
         self._programs: dict[int, Program] = {}  # serial -> Program
-        self._demand: list[tuple[int, int, QueueKey]] = []  # (required tokens, serial, key when pushed)
+        self._demand = _LazyMin()  # private tokens required
+        self._uncached = _LazyMin()  # context beyond the shared prefix (what a cold start recomputes)
         self.pending: dict[Program, None] = {}  # queued or re-keyed since the last scheduling pass
 
     def __len__(self) -> int:
@@ -79,10 +110,12 @@ class RankQueue:
         program.queue_required = required
         bisect.insort(self._keys, key)
         self._programs[key[-1]] = program
-        heapq.heappush(self._demand, (required, key[-1], key))
+        self._demand.push(required, key)
+        self._uncached.push(_uncached(program), key)
         if len(self._demand) > 2 * len(self._keys) + 32:
-            self._demand = [(p.queue_required, s, p.queue_key) for s, p in self._programs.items()]  # type: ignore[misc]
-            heapq.heapify(self._demand)
+            live = [(p, p.queue_key) for p in self._programs.values()]
+            self._demand.rebuild([(p.queue_required, p.serial, k) for p, k in live if k is not None])
+            self._uncached.rebuild([(_uncached(p), p.serial, k) for p, k in live if k is not None])
         self.pending[program] = None
 
     def remove(self, program: Program) -> None:
@@ -111,22 +144,22 @@ class RankQueue:
     def first(self) -> Program | None:
         return self._programs[self._keys[0][-1]] if self._keys else None
 
-    def min_required(self) -> int | None:
-        """A lower bound of the queued Programs' demands (exact unless a demand grew in place)."""
-        demand = self._demand
-        programs = self._programs
-        while demand:
-            required, serial, key = demand[0]
-            program = programs.get(serial)
-            if program is not None and program.queue_key == key:
-                return required
-            heapq.heappop(demand)
-        return None
+    def min_required(self) -> int:
+        """A lower bound of the queued Programs' demands (0 when empty)."""
+        return self._demand.min(self._programs) or 0
+
+    def min_uncached(self) -> int:
+        """A lower bound of the queued Programs' uncached contexts (0 when empty)."""
+        return self._uncached.min(self._programs) or 0
 
     def take_pending(self) -> list[Program]:
         pending = sorted(self.pending, key=_queue_key)
         self.pending.clear()
         return pending
+
+
+def _uncached(program: Program) -> int:
+    return max(0, program.estimated_context_tokens - program.shared_prefix_tokens)
 
 
 def _queue_key(program: Program) -> QueueKey:
@@ -138,12 +171,19 @@ def _queue_key(program: Program) -> QueueKey:
 class RankQueues:
     """Rank queues by target id, plus which Ranks have pending (unplanned) candidates."""
 
-    __slots__ = ("_queues", "pending_targets", "work")
+    __slots__ = ("_pool_keys", "_queues", "pending_targets", "pool_work", "work")
 
-    def __init__(self) -> None:
+    def __init__(self, *, pool_order: bool) -> None:
         self._queues: dict[str, RankQueue] = {}
         self.pending_targets: set[str] = set()
         self.work: dict[str, RankWork] = {}  # force-resume inputs per Rank, at most one interval old
+        self.pool_work: dict[str, PoolWork] = {}
+        # global_queue: every waiter of a pool in one resume order, to count the waiters ahead cheaply
+        self._pool_keys: dict[str, list[QueueKey]] | None = {} if pool_order else None
+
+    def ahead_in_pool(self, model_pool: str, key: QueueKey) -> int:
+        keys = None if self._pool_keys is None else self._pool_keys.get(model_pool)
+        return 0 if keys is None else bisect.bisect_left(keys, key)
 
     def get(self, target_id: str) -> RankQueue | None:
         return self._queues.get(target_id)
@@ -160,13 +200,22 @@ class RankQueues:
             queue = self._queues[target] = RankQueue()
         queue.insert(program, key, required)
         self.pending_targets.add(target)
+        if self._pool_keys is not None:
+            bisect.insort(self._pool_keys.setdefault(program.ref.model_pool, []), key)
 
     def remove(self, program: Program) -> None:
-        if program.queue_key is None:
+        key = program.queue_key
+        if key is None:
             return
         target = program.last_target
         assert target is not None
         self._queues[target].remove(program)
+        self._forget_pool_key(program, key)
+
+    def _forget_pool_key(self, program: Program, key: QueueKey) -> None:
+        if self._pool_keys is not None:
+            keys = self._pool_keys[program.ref.model_pool]
+            del keys[bisect.bisect_left(keys, key)]
 
     def drop_target(self, target_id: str) -> list[Program]:
         """Empty a Rank's queue (it left); returns its Programs in order."""
@@ -177,6 +226,8 @@ class RankQueues:
             return []
         programs = queue.ordered()
         for program in programs:
+            assert program.queue_key is not None
+            self._forget_pool_key(program, program.queue_key)
             program.queue_key = None
         return programs
 
@@ -299,28 +350,48 @@ def _local_estimate(core: Core, program: Program, now: float) -> ForceResumeEsti
     return ForceResumeEstimate(timeout, work.active_remaining, pool, work.throughput, False)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolWork:
+    """A pool's inputs to global force-resume estimates, from its Ranks' ``RankWork``."""
+
+    computed_at: float
+    targets: list[str]  # the pool's target list it was computed for (identity marks a Rank change)
+    mature: bool
+    active_remaining: float
+    throughput: float
+    mean_rounds: float  # mean over the pool's Ranks of max(target rounds, 1)
+
+
+def _pool_work(core: Core, model_pool: str, now: float) -> PoolWork:
+    targets = core.pool_targets.get(model_pool, [])
+    cached = core.queues.pool_work.get(model_pool)
+    fresh = cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds
+    if cached is not None and fresh and cached.targets is targets:
+        return cached
+    works = [_rank_work(core, target, now) for target in targets]
+    mature = bool(works) and all(w.mature for w in works)
+    work = core.queues.pool_work[model_pool] = PoolWork(
+        computed_at=now,
+        targets=targets,
+        mature=mature,
+        active_remaining=math.fsum(w.active_remaining for w in works),
+        throughput=math.fsum(w.throughput for w in works),
+        mean_rounds=math.fsum(max(w.rounds, 1) for w in works) / len(works) if works else 1.0,
+    )
+    return work
+
+
 def _global_estimate(core: Core, program: Program, now: float) -> ForceResumeEstimate:
-    """The pool-wide version: summed throughput and work, waiters ahead weighted by their Rank's rounds."""
+    """The pool-wide version: summed throughput and work; each waiter ahead in the pool's resume order
+    counts the pool's mean target rounds (upstream weights it by its own Rank's rounds)."""
     maximum = core.config.force_resume_timeout_seconds
-    targets = core.pool_targets.get(program.ref.model_pool, [])
-    works = []
-    for target in targets:
-        work = _rank_work(core, target, now)
-        if not work.mature:
-            return ForceResumeEstimate.static(maximum)
-        works.append((target, work))
-    if not works:
+    work = _pool_work(core, program.ref.model_pool, now)
+    if not work.mature:
         return ForceResumeEstimate.static(maximum)
-    key = local_key(core, program, now)
-    pool = 0.0
-    for target, work in works:
-        queue = core.queues.get(target)
-        if queue is not None and len(queue):
-            pool += queue.ahead_of(key) * max(work.rounds, 1)
-    active = math.fsum(w.active_remaining for _, w in works)
-    throughput = math.fsum(w.throughput for _, w in works)
-    timeout = force_resume_timeout(active, pool, throughput, maximum)
-    return ForceResumeEstimate(timeout, active, pool, throughput, False)
+    ahead = core.queues.ahead_in_pool(program.ref.model_pool, local_key(core, program, now))
+    pool = ahead * work.mean_rounds
+    timeout = force_resume_timeout(work.active_remaining, pool, work.throughput, maximum)
+    return ForceResumeEstimate(timeout, work.active_remaining, pool, work.throughput, False)
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
@@ -329,8 +400,14 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
     queue = core.queues.get(target_id)
     dirty = core.ledger.dirty
     while queue is not None and len(queue):
-        candidates = queue.iter_ordered() if full else iter(queue.take_pending())
-        queue.pending.clear()
+        if full:
+            candidates: Iterator[Program] = queue.iter_ordered()
+            queue.pending.clear()
+        else:
+            pending = queue.take_pending()
+            if not pending:
+                return
+            candidates = iter(pending)
         dirty.discard(target_id)
         view = rank_view(core, target_id, now)
         if view.gate_blocked:
@@ -339,7 +416,7 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
         for program in candidates:
             if not _forced(program, now):
                 if unforced_possible is None:
-                    unforced_possible = view.may_admit(queue.min_required() or 0)
+                    unforced_possible = view.may_admit(queue.min_required(), queue.min_uncached())
                 if not unforced_possible:
                     return
             result = plan(core, view, program, now)
