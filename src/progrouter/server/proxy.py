@@ -123,6 +123,10 @@ async def _forward(
                     if ticket is not None:
                         ticket.observe_sse(chunk)
                     await relayed.write(chunk)
+                if ticket is not None:
+                    # The worker's part is done and its usage is in: a client that hangs up after [DONE]
+                    # (which cancels this handler in write_eof) must not turn the request into a failure.
+                    ticket.finish(200 <= upstream.status < 300)
                 await relayed.write_eof()
             except ConnectionResetError:  # the client went away mid-stream (not the worker's fault)
                 log.debug("client left during the stream from %s", target.id)
