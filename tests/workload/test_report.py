@@ -181,3 +181,21 @@ def test_table_and_plots(tmp_path: Path) -> None:
     paths = plot(report, tmp_path)
     assert [p.name for p in paths] == ["jct.png", "cache_hit.png", "queue_wait.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_queue_wait_from_a_summary() -> None:
+    summary = """# TYPE vllm_router_agent_aware_queue_wait_seconds summary
+vllm_router_agent_aware_queue_wait_seconds{target="a",quantile="0.5"} 0.1
+vllm_router_agent_aware_queue_wait_seconds{target="a",quantile="0.9"} 0.3
+vllm_router_agent_aware_queue_wait_seconds_sum{target="a"} 0.6
+vllm_router_agent_aware_queue_wait_seconds_count{target="a"} 3
+vllm_router_agent_aware_queue_wait_seconds{target="b",quantile="0.5"} 0.5
+vllm_router_agent_aware_queue_wait_seconds{target="b",quantile="0.9"} 0.7
+vllm_router_agent_aware_queue_wait_seconds_sum{target="b"} 0.4
+vllm_router_agent_aware_queue_wait_seconds_count{target="b"} 1
+"""
+    q = figures(router=summary)["queue_wait"]
+    assert q["source"] == "router summary"  # type: ignore[index]
+    assert q["mean"] == pytest.approx(2 * 1.0 / 4)  # type: ignore[index]  # (0.6 + 0.4) / 4 wall, × 2
+    assert q["p50"] == pytest.approx(2 * (3 * 0.1 + 0.5) / 4)  # type: ignore[index]
+    assert q["p90"] == pytest.approx(2 * (3 * 0.3 + 0.7) / 4)  # type: ignore[index]

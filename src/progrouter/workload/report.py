@@ -122,8 +122,12 @@ def task_jct(facts: Sequence[Fact], planned_requests: Mapping[str, int]) -> dict
     }
 
 
-def histogram_quantiles(samples: Iterable[Sample], name: str, qs: Sequence[float]) -> dict[str, Any]:
-    """count, mean and quantiles of a Prometheus histogram summed over its labels (linear within buckets)."""
+def histogram_quantiles(samples: Sequence[Sample], name: str, qs: Sequence[float]) -> dict[str, Any]:
+    """count, mean and quantiles of a Prometheus histogram summed over its labels (linear within buckets).
+
+    A summary (what upstream's Rust exporter emits) has no buckets: its per-series quantiles are averaged,
+    weighted by each series' count — an approximation, since quantiles do not add up.
+    """
     buckets: dict[float, float] = defaultdict(float)
     count = total = 0.0
     for s in samples:
@@ -135,6 +139,9 @@ def histogram_quantiles(samples: Iterable[Sample], name: str, qs: Sequence[float
         elif s.name == f"{name}_sum":
             total += s.value
     out: dict[str, Any] = {"count": count, "mean": total / count if count else None}
+    if not buckets:
+        out.update(_summary_quantiles(samples, name, qs))
+        return out
     edges = sorted(buckets)
     for q in qs:
         key = f"p{round(q * 100)}"
@@ -151,6 +158,23 @@ def histogram_quantiles(samples: Iterable[Sample], name: str, qs: Sequence[float
                     out[key] = lo + (edge - lo) * ((rank - prev) / (c - prev) if c > prev else 1.0)
                 break
             lo, prev = (edge if not math.isinf(edge) else lo), c
+    return out
+
+
+def _summary_quantiles(samples: Sequence[Sample], name: str, qs: Sequence[float]) -> dict[str, float | None]:
+    counts: dict[tuple[tuple[str, str], ...], float] = {}
+    values: dict[tuple[tuple[str, str], ...], dict[str, float]] = defaultdict(dict)
+    for s in samples:
+        series = tuple((k, v) for k, v in s.labels if k != "quantile")
+        if s.name == f"{name}_count":
+            counts[series] = s.value
+        elif s.name == name and s.label("quantile") is not None:
+            values[series][str(s.label("quantile"))] = s.value
+    out: dict[str, float | None] = {}
+    for q in qs:
+        weighted = [(counts.get(k, 0.0), v[str(q)]) for k, v in values.items() if str(q) in v]
+        weight = sum(c for c, _ in weighted)
+        out[f"p{round(q * 100)}"] = sum(c * x for c, x in weighted) / weight if weight else None
     return out
 
 
@@ -234,8 +258,9 @@ def queue_wait(ok: Sequence[Fact], router: Sequence[Sample]) -> dict[str, Any]:
     h = histogram_quantiles(router, QUEUE_WAIT, (0.5, 0.9, 0.99))
     if h["count"]:
         scale = ok[0].time_scale if ok else 1.0
+        kind = "histogram" if any(s.name == f"{QUEUE_WAIT}_bucket" for s in router) else "summary"
         return {
-            "source": "router histogram",
+            "source": f"router {kind}",
             "count": h["count"],
             **{k: (v * scale if v is not None else None) for k, v in h.items() if k != "count"},
         }
