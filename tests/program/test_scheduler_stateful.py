@@ -263,6 +263,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)
         for target_id in core.targets:
             assert core.ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
+            rank = core.table.rank(target_id)
+            histogram = [0] * len(rank.rounds)
+            for program in rank.active():
+                histogram[min(program.rounds_since_activation, len(histogram) - 1)] += 1
+            assert histogram == rank.rounds
 
     # ---------------------------------------------------------------------------------------- the end
     def teardown(self) -> None:

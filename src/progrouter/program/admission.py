@@ -143,10 +143,7 @@ class RankView:
                 self._reserve = growth_reserve(
                     factors.average_context_growth_tokens(),
                     rounds,
-                    [
-                        protected_remaining_rounds(rounds, p.rounds_since_activation)
-                        for p in self._core.table.rank(self.target_id).active()
-                    ],
+                    [self._core.table.rank(self.target_id).protected_rounds(rounds)],
                 )
         return self._reserve
 
@@ -243,7 +240,6 @@ def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: flo
     target = plan.target_id
     core.queues.remove(program)
     core.table.activate(program, target, plan.required)
-    program.rounds_since_activation = 0
     program.acting_since = None
     program.ttl_deadline = None
     if program.segment_started_at is None:

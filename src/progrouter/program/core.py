@@ -57,7 +57,7 @@ class Core:
         self.high_tokens: float | None = None if capacity is None else capacity * config.high_watermark_ratio
         self.pool = RequestPool()
         self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds)
-        self.table = ProgramTable(self.ledger, self.pool)
+        self.table = ProgramTable(self.ledger, self.pool, config.max_segment_rounds)
         self.queues = RankQueues(pool_order=config.global_queue)
         self.binder = Binder(config, cache_index)
         self.timers = Timers()

@@ -182,7 +182,7 @@ def _segment_bookkeeping(
     program.completed_requests += 1
     program.segment_served_rounds += 1
     if continuous:
-        program.rounds_since_activation += 1
+        core.table.count_round(program)
         program.rounds_since_ttl_pause += 1
     if (
         explicit_cached is not None
@@ -251,15 +251,17 @@ def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -
     if ttl <= 0.0:
         expire_ttl(core, program, now)
     else:
-        core.timers.add(now + ttl, TimerKind.ACTING_TTL, program)
+        core.timers.arm(program, TimerKind.ACTING_TTL, now + ttl)
 
 
-def ttl_due(program: Program, when: float) -> bool:
-    return (
-        program.phase == (ProgramState.ACTIVE, ProgramStatus.ACTING)
-        and program.ttl_deadline is not None
-        and program.ttl_deadline <= when
-    )
+def on_ttl_timer(core: Core, program: Program, now: float) -> None:
+    deadline = program.ttl_deadline
+    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or deadline is None:
+        return
+    if deadline <= now:
+        expire_ttl(core, program, now)
+    else:
+        core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
 
 
 def expire_ttl(core: Core, program: Program, now: float) -> None:
@@ -294,17 +296,25 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
         reason=reason.value,
         released_private_tokens=released,
     )
-    core.timers.add(now + core.config.paused_retention_ttl_seconds, TimerKind.PAUSED_RETENTION, program)
+    arm_retention(core, program)
 
 
-def retention_due(core: Core, program: Program, now: float) -> bool:
+def arm_retention(core: Core, program: Program) -> None:
+    """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused."""
+    assert program.paused_at is not None
+    due = program.paused_at + core.config.paused_retention_ttl_seconds
+    core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
+
+
+def on_retention_timer(core: Core, program: Program, now: float) -> None:
     paused_at = program.paused_at
-    return (
-        program.phase == (ProgramState.PAUSED, ProgramStatus.ACTING)
-        and paused_at is not None
-        and paused_at + core.config.paused_retention_ttl_seconds <= now  # the timer's own sum: exact
-        and core.table.lookup(program.ref) is program
-    )
+    if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or paused_at is None:
+        return  # it is waiting or Active again: the next pause arms a new release
+    due = paused_at + core.config.paused_retention_ttl_seconds
+    if due <= now:
+        release(core, program, now, reason="paused_retention_release")
+    else:
+        core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
 
 
 def release(core: Core, program: Program, now: float, *, reason: str | None = None) -> None:

@@ -296,7 +296,18 @@ def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
     program.force_resume_active_remaining_rounds = round(estimate.active_remaining_rounds)
     program.force_resume_pool_remaining_rounds = round(estimate.pool_remaining_rounds)
     program.force_resume_request_throughput_per_second = estimate.request_throughput_per_second
-    core.timers.add(now + timeout, TimerKind.FORCE_RESUME, program)
+    core.timers.arm(program, TimerKind.FORCE_RESUME, now + timeout)
+
+
+def on_force_timer(core: Core, program: Program, now: float) -> None:
+    """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
+    deadline = program.force_resume_deadline
+    if program.queue_key is None or deadline is None:
+        return
+    if deadline <= now:
+        requeue(core, program, now)
+    else:
+        core.timers.arm(program, TimerKind.FORCE_RESUME, deadline)
 
 
 @dataclass(frozen=True, slots=True)

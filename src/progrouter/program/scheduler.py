@@ -33,8 +33,8 @@ from progrouter.program.ledger import ObservationEpoch, program_private_tokens
 from progrouter.program.observer import NullObserver, SchedulerObserver
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest, TimedOut
 from progrouter.program.pool import PendingRequest, RequestHandle
-from progrouter.program.resume import cross_rank_pass, enqueue, requeue, schedule_target
-from progrouter.program.state import PA, Program, ProgramState
+from progrouter.program.resume import cross_rank_pass, enqueue, on_force_timer, requeue, schedule_target
+from progrouter.program.state import AA, PA, Program, ProgramState
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import BackendObservation, NoTargets, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -121,9 +121,7 @@ class ProgramScheduler:
         if core.pool.waiting(program):
             enqueue(core, program, now)
         elif program.phase == PA:
-            core.timers.add(
-                now + self.config.paused_retention_ttl_seconds, TimerKind.PAUSED_RETENTION, program
-            )
+            lifecycle.arm_retention(core, program)
 
     def _rebind(self, program: Program, now: float) -> None:
         """A new home for a Paused Program by its binding strategy (None while its pool has no Rank)."""
@@ -270,8 +268,7 @@ class ProgramScheduler:
         elif program.state is ProgramState.PAUSED:
             if program.paused_at is None:
                 program.paused_at = now
-            retention = self.config.paused_retention_ttl_seconds
-            core.timers.add(program.paused_at + retention, TimerKind.PAUSED_RETENTION, program)
+            lifecycle.arm_retention(core, program)
 
     def complete(
         self,
@@ -390,49 +387,49 @@ class ProgramScheduler:
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
             return observed_at is not None and observed_at + core.ledger.freshness_seconds < when
         assert isinstance(payload, Program)
-        if core.table.lookup(payload.ref) is not payload:
+        if core.table.lookup(payload.ref) is not payload or payload.timer_due.get(kind) != when:
             return False
         if kind is TimerKind.ACTING_TTL:
-            return lifecycle.ttl_due(payload, when)
-        if kind is TimerKind.FORCE_RESUME:
-            return payload.queue_key is not None and payload.force_resume_deadline == when
-        paused_at = payload.paused_at
-        retention = self.config.paused_retention_ttl_seconds
-        return payload.phase == PA and paused_at is not None and paused_at + retention == when
+            relevant = payload.phase == AA
+        elif kind is TimerKind.FORCE_RESUME:
+            relevant = payload.queue_key is not None
+        else:
+            relevant = payload.phase == PA
+        if not relevant:  # it resumed, or left the queue: the entry goes, and so does its registration
+            del payload.timer_due[kind]
+        return relevant
 
     def _advance(self, now: float) -> None:
-        """Run the timers due at ``now``: TTL expiry, retention, force deadlines; queue timeouts last, so a
-        force resume due at the same instant is tried first."""
+        """Run the timers due at ``now``: TTL expiry, retention, observation expiry, force deadlines; queue
+        timeouts last, so a force resume due at the same instant is tried first."""
         core = self._core
         due = core.timers.pop_due(now)
         if not due:
             return
         timeouts: list[RequestHandle] = []
-        for _, kind, payload in due:
+        for when, kind, payload in due:
             if kind is TimerKind.QUEUE_TIMEOUT:
                 assert isinstance(payload, RequestHandle)
                 timeouts.append(payload)
-                continue
-            if kind is TimerKind.PRUNE_GENERATION:
+            elif kind is TimerKind.PRUNE_GENERATION:
                 assert isinstance(payload, tuple)
                 core.table.forget_generation(*payload)
-                continue
-            if kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
+            elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
                     core.ledger.dirty.add(payload)
-                continue
-            assert isinstance(payload, Program)
-            if core.table.lookup(payload.ref) is not payload:
-                continue
-            if kind is TimerKind.ACTING_TTL:
-                if lifecycle.ttl_due(payload, now):
-                    lifecycle.expire_ttl(core, payload, now)
-            elif kind is TimerKind.PAUSED_RETENTION:
-                if lifecycle.retention_due(core, payload, now):
-                    lifecycle.release(core, payload, now, reason="paused_retention_release")
-            elif payload.queue_key is not None:  # FORCE_RESUME: move it into the forced tier
-                requeue(core, payload, now)
+            else:
+                assert isinstance(payload, Program)
+                if core.table.lookup(payload.ref) is not payload or not core.timers.fired(
+                    payload, kind, when
+                ):
+                    continue
+                if kind is TimerKind.ACTING_TTL:
+                    lifecycle.on_ttl_timer(core, payload, now)
+                elif kind is TimerKind.PAUSED_RETENTION:
+                    lifecycle.on_retention_timer(core, payload, now)
+                else:
+                    on_force_timer(core, payload, now)
         self._decide(now)
         for handle in timeouts:
             request = core.pool.get(handle)

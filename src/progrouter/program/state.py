@@ -9,8 +9,9 @@ newer one. A Program is in one of four phases, the product of two fields:
 
 Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
-   ``last_target`` and generations. Everything else about a Program (rounds, timers, shared prefix) is a
-   decision fact the policy modules update.
+   ``last_target``, ``rounds_since_activation`` (each Rank keeps a histogram of it for the growth reserve)
+   and generations. Everything else about a Program (timers, shared prefix, samples) is a decision fact the
+   policy modules update.
 2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
    ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
    Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
@@ -159,6 +160,9 @@ class Program:
     last_hints: RequestHints = field(default_factory=RequestHints)
     queue_key: QueueKey | None = None  # set while the Program sits in a Rank queue (resume.py)
     queue_required: int = 0  # its private demand when (re)queued; queued Programs' inputs are frozen
+    timer_due: dict[int, float] = field(
+        default_factory=dict
+    )  # TimerKind -> its one pending entry (timers.py)
 
     @property
     def phase(self) -> Phase:
@@ -180,13 +184,15 @@ class Program:
 class RankPrograms:
     """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
 
-    __slots__ = ("acting", "attributed", "marked", "reasoning")
+    __slots__ = ("acting", "attributed", "marked", "reasoning", "rounds")
 
-    def __init__(self) -> None:
+    def __init__(self, max_rounds: int) -> None:
         self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
         self.acting: dict[Program, None] = {}  # Active+Acting placed here
         self.marked: dict[Program, None] = {}  # Active Programs marked pause_when_idle (capacity repair)
         self.attributed: dict[Program, None] = {}  # every live Program whose last_target is this Rank
+        # Active Programs by rounds_since_activation (the last bucket holds max_rounds and above)
+        self.rounds = [0] * (max_rounds + 1)
 
     @property
     def active_count(self) -> int:
@@ -196,13 +202,20 @@ class RankPrograms:
         yield from self.reasoning
         yield from self.acting
 
+    def protected_rounds(self, target_rounds: int) -> int:
+        """Σ over Active Programs of max(0, target_rounds − rounds_since_activation), in O(target_rounds)."""
+        rounds = self.rounds
+        limit = min(target_rounds, len(rounds) - 1)
+        return sum((target_rounds - r) * rounds[r] for r in range(limit) if rounds[r])
+
 
 class ProgramTable:
     """The Programs of every model pool, their generations and per-Rank indexes."""
 
-    def __init__(self, ledger: CapacityLedger, pool: RequestPool) -> None:
+    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int) -> None:
         self._ledger = ledger
         self._pool = pool
+        self._max_rounds = max_rounds
         self._programs: dict[tuple[str, str], Program] = {}
         self._last_generation: dict[tuple[str, str], int] = {}
         self._ranks: dict[str, RankPrograms] = {}
@@ -228,7 +241,7 @@ class ProgramTable:
     def rank(self, target_id: str) -> RankPrograms:
         ranks = self._ranks.get(target_id)
         if ranks is None:
-            ranks = self._ranks[target_id] = RankPrograms()
+            ranks = self._ranks[target_id] = RankPrograms(self._max_rounds)
         return ranks
 
     def unbound(self, model_pool: str) -> list[Program]:
@@ -274,9 +287,23 @@ class ProgramTable:
         program.placement = target_id
         program.placement_epoch = next(self._epochs)
         program.placement_start_pending = True
+        program.rounds_since_activation = 0
         self._attribute(program, target_id)
-        self.rank(target_id).reasoning[program] = None
+        rank = self.rank(target_id)
+        rank.reasoning[program] = None
+        rank.rounds[0] += 1
         self._ledger.charge(program, target_id, tokens)
+
+    def count_round(self, program: Program) -> None:
+        """One more continuous round served since activation (kept in the Rank's round histogram)."""
+        if program.placement is not None:
+            rounds = self.rank(program.placement).rounds
+            top = len(rounds) - 1
+            r = program.rounds_since_activation
+            if r < top:
+                rounds[r] -= 1
+                rounds[r + 1] += 1
+        program.rounds_since_activation += 1
 
     def dispatched(self, program: Program) -> bool:
         """A request of an Active Program starts; returns whether it is the first of its placement."""
@@ -378,6 +405,7 @@ class ProgramTable:
         rank.reasoning.pop(program, None)
         rank.acting.pop(program, None)
         rank.marked.pop(program, None)
+        rank.rounds[min(program.rounds_since_activation, len(rank.rounds) - 1)] -= 1
         program.pause_when_idle = False
         program.placement = None
         program.placement_start_pending = False

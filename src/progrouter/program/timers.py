@@ -3,7 +3,9 @@
 Entries are never removed when they become moot (a Program resumed before its force deadline, a request was
 dispatched before its queue timeout): the scheduler checks each due entry against the current facts and
 drops stale ones. ``next_deadline`` may therefore name a time at which nothing turns out to be due; that
-costs one early tick, never a missed one.
+costs one early tick, never a missed one. A Program has at most one pending entry per kind (``arm``): when
+its due time moves later, the earlier entry fires, finds the new time and re-arms, so Programs that pause
+and queue again and again never pile entries up.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import heapq
 import itertools
 from collections.abc import Callable
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from progrouter.program.state import Program
 
 
 class TimerKind(IntEnum):
@@ -40,6 +46,22 @@ class Timers:
 
     def add(self, when: float, kind: TimerKind, payload: object) -> None:
         heapq.heappush(self._heap, (when, int(kind), next(self._seq), payload))
+
+    def arm(self, program: Program, kind: TimerKind, when: float) -> None:
+        """Make sure ``program`` hears from ``kind`` no later than ``when``."""
+        pending = program.timer_due.get(kind)
+        if pending is not None and pending <= when:
+            return
+        program.timer_due[kind] = when
+        self.add(when, kind, program)
+
+    @staticmethod
+    def fired(program: Program, kind: TimerKind, when: float) -> bool:
+        """Whether a due entry is the Program's pending one (and clear it); older duplicates are not."""
+        if program.timer_due.get(kind) != when:
+            return False
+        del program.timer_due[kind]
+        return True
 
     def pop_due(self, now: float) -> list[Due]:
         """Every entry due at ``now``, in (time, kind) order."""
