@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import T0, T1, Harness
+from conftest import POOL, T0, T1, Harness
 
 from progrouter.program.factors import RequestSample
 from progrouter.program.policy import completion_cache_miss_impact, fitted_acting_ttl
@@ -367,3 +367,33 @@ def test_global_queue_resumes_locally_first(harness: Any) -> None:
     h.at(10.5).complete(x.handle, prompt=100)  # x pauses? no: long TTL keeps it Active+Acting
     h.tick(20_000.0)  # x's TTL is over: a resumes at home, not across
     assert h.dispatched(a) and h.target_of(a) == T0
+
+
+# ------------------------------------------------------------------------------------------------- timers
+def test_timers_do_not_pile_up_over_many_pauses(harness: Any) -> None:
+    h: Harness = harness(max_active_programs_per_target=1)
+    for i in range(500):
+        handle = h.at(h.now + 0.1).arrive("a", kv_retention_ttl_seconds=None if i % 2 else 0.05)
+        h.at(h.now + 0.1).complete(handle)
+    h.tick(h.now + 1.0)  # (the continuity window matured on the way: the last TTL was fitted, now expired)
+    program = h.scheduler._core.table.get(POOL, "a")
+    assert program is not None and program.paused_at is not None
+    paused_at = program.paused_at
+    assert len(h.scheduler._core.timers) <= 3, len(h.scheduler._core.timers)
+    early = h.scheduler.next_deadline()  # the first pause's entry: it wakes early and re-arms
+    assert early is not None and early <= paused_at + 1800.0
+    h.tick(early)
+    assert h.program("a") is not None
+    assert h.scheduler.next_deadline() == pytest.approx(paused_at + 1800.0)
+    h.tick(paused_at + 1800.0)
+    assert h.program("a") is None
+
+
+def test_an_expiring_observation_is_a_deadline(harness: Any) -> None:
+    h: Harness = harness()
+    h.at(1.0).observe({T0: BackendObservation(0.1, 1, 1)})
+    waiting = h.arrive("a")
+    assert not h.dispatched(waiting)  # gated
+    assert h.scheduler.next_deadline() == pytest.approx(4.0)
+    h.tick(h.scheduler.next_deadline())
+    assert h.dispatched(waiting)  # the gate lifted exactly when the observation went stale

@@ -233,9 +233,9 @@ class ProgramScheduler:
             requeue(core, program, now)  # its demand grew: plan it again
         else:
             enqueue(core, program, now)
-        if core.pool.get(handle) is not None:
-            core.timers.add(now + timeout, TimerKind.QUEUE_TIMEOUT, handle)
         self._decide(now)
+        if core.pool.get(handle) is not None:  # still retained: it may time out
+            core.timers.add(now + timeout, TimerKind.QUEUE_TIMEOUT, handle)
         return handle
 
     def cancel(self, now: float, handle: RequestHandle) -> None:
