@@ -468,7 +468,18 @@ def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
         )
     candidates.sort(key=lambda p: cross_rank_key(core, p, now))
     views: dict[str, RankView] = {}
+
+    def view_of(destination: str) -> RankView:
+        view = views.get(destination)
+        if view is None:
+            view = views[destination] = rank_view(core, destination, now)
+        return view
+
     for program in candidates:
+        if not _forced(program, now) and not any(
+            not view_of(d).gate_blocked and view_of(d).may_admit(0, 0) for d in destinations
+        ):
+            return  # no destination can take an unforced Program, and the forced ones came first
         source = program.last_target
         assert source is not None
         if not _source_pressure(core, program, source, now):
@@ -479,9 +490,7 @@ def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
                 continue
             if not _headroom_allows(core, program, source, destination, now):
                 continue
-            view = views.get(destination)
-            if view is None:
-                view = views[destination] = rank_view(core, destination, now)
+            view = view_of(destination)
             result = plan(core, view, program, now)
             if not isinstance(result, AdmissionPlan):
                 continue
