@@ -35,7 +35,7 @@ from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.workload.facts import Fact, write_fact
-from progrouter.workload.procs import Child, ProcessError, free_port, run_shell, stop_all
+from progrouter.workload.procs import Child, ProcessError, free_port, free_ports_from, run_shell, stop_all
 from progrouter.workload.replay import ReplayOptions, replay
 from progrouter.workload.report import ArmInputs, Sample, arm_figures, compare, parse_metrics, task_jct
 from progrouter.workload.trace import Trace
@@ -138,6 +138,7 @@ class BenchPlan:
     replay: ReplayOptions = field(default_factory=lambda: ReplayOptions(url=""))
     upstream_binary: str | None = None
     router_log_level: str = "warning"
+    engine_base_port: int | None = None
 
 
 def upstream_binary(explicit: str | None = None) -> str | None:
@@ -223,7 +224,10 @@ class Bench:
         # The same engine ports for every arm: the consistent-hash ring hashes worker URLs, so arms that hash
         # see the same placement and differ only in what they are meant to compare.
         engines = plan.fleet.engines if isinstance(plan.fleet, EngineFleet) else 0
-        self.engine_ports = [free_port() for _ in range(engines)]
+        if plan.engine_base_port is not None:
+            self.engine_ports = free_ports_from(plan.engine_base_port, engines)
+        else:
+            self.engine_ports = [free_port() for _ in range(engines)]
 
     def _dp_size(self) -> int:
         return self.plan.fleet.dp_size

@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     eng.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     eng.add_argument("--engine-arg", action="append", default=[], help="extra emulator flag (repeatable)")
+    eng.add_argument(
+        "--engine-base-port",
+        type=int,
+        default=None,
+        help="engines listen on the first free ports from here (reproducible hash placement); "
+        "default: any free port",
+    )
 
     ext = parser.add_argument_group("engines you run (e.g. real vLLM)")
     ext.add_argument("--engine-urls", nargs="+", default=None, help="use these instead of emulators")
@@ -130,7 +137,7 @@ def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
     return BenchPlan(
         trace=trace, arms=arms, fleet=fleet, program_config=program, report_dir=report_dir,
         replay=options_from_args(args, ""), upstream_binary=args.upstream_binary,
-        router_log_level=args.router_log_level,
+        router_log_level=args.router_log_level, engine_base_port=args.engine_base_port,
     )  # fmt: skip
 
 

@@ -47,6 +47,8 @@ DEMO_WORKLOAD = CodingWorkload(
     subagents_max=2,
 )
 DEMO_CONCURRENT_TASKS = 16
+#: Engines listen on the first free port from here, so the consistent-hash placement repeats run to run.
+DEMO_ENGINE_BASE_PORT = 18800
 DEMO_FLEET = EngineFleet(
     engines=1,
     dp_size=2,
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         report_dir=report_dir,
         replay=ReplayOptions(url="", max_concurrent_tasks=DEMO_CONCURRENT_TASKS),
         upstream_binary=args.upstream_binary,
+        engine_base_port=DEMO_ENGINE_BASE_PORT,
     )
     try:
         report = asyncio.run(run_plan(plan, console))

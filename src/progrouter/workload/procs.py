@@ -29,6 +29,24 @@ def free_port() -> int:
         return port
 
 
+def free_ports_from(base: int, n: int) -> list[int]:
+    """The first ``n`` free ports at or above ``base``: stable from run to run on an idle machine, so worker
+    URLs — which consistent hashing hashes — and therefore placements are reproducible."""
+    ports: list[int] = []
+    port = base
+    while len(ports) < n:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                ports.append(port)
+            except OSError:
+                pass
+        port += 1
+        if port > 65535:
+            raise ProcessError(f"no {n} free ports above {base}")
+    return ports
+
+
 class Child:
     """One started process: ``Child.start(...)``, then ``wait_healthy(url)``, then ``stop()``."""
 
