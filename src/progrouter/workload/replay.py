@@ -249,8 +249,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, fact: Fact, now: Callable[[
             continue
         payload = line[5:].strip()
         if payload == b"[DONE]":
-            done = True
-            break
+            done = True  # keep reading to the end: closing early looks like a client disconnect upstream
+            continue
         obj = orjson.loads(payload)
         if not isinstance(obj, dict):
             continue
