@@ -246,6 +246,21 @@ def test_no_program_starves_past_its_force_deadline(harness: Any) -> None:
     assert h.transitions("force_resume") == [T0, T0, T0]
 
 
+def test_force_deadline_survives_losing_and_regaining_every_rank(harness: Any) -> None:
+    h: Harness = harness(
+        token_capacity_per_dp_rank=1500, low_watermark_ratio=0.6, force_resume_timeout_seconds=5.0
+    )
+    h.arrive("p", 50)  # admitted at once (its force timer, due at 5, stays registered)
+    h.at(2.0).set_targets([T1])  # fails over
+    waiting = h.arrive("p", 801)  # 901 tokens > 900: queued, force deadline 7
+    h.at(4.0).set_targets([])  # unbound: out of every queue
+    h.at(5.0).set_targets([T1])  # queued again, deadline kept
+    h.tick(6.9)
+    assert not h.dispatched(waiting)
+    h.tick(7.0)
+    assert h.dispatched(waiting) and h.transitions("force_resume") == [T1]
+
+
 # ---------------------------------------------------------------------------------------- observation
 def test_observation_checkpoint_keeps_decisions_made_during_the_scrape(harness: Any) -> None:
     h: Harness = harness(token_capacity_per_dp_rank=1000, decode_buffer_tokens=0)

@@ -269,6 +269,8 @@ def enqueue(core: Core, program: Program, now: float) -> None:
         program.queued_at = now
     if program.force_resume_deadline is None:
         _freeze_force_deadline(core, program, now)
+    else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
+        core.timers.arm(program, TimerKind.FORCE_RESUME, program.force_resume_deadline)
     core.queues.insert(program, local_key(core, program, now), required_tokens(core, program))
 
 
