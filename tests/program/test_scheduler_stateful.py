@@ -265,9 +265,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert core.ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
             rank = core.table.rank(target_id)
             histogram = [0] * len(rank.rounds)
+            impacts = [0.0] * len(rank.rounds)
             for program in rank.active():
-                histogram[min(program.rounds_since_activation, len(histogram) - 1)] += 1
+                bucket = min(program.rounds_since_activation, len(histogram) - 1)
+                histogram[bucket] += 1
+                impacts[bucket] += program.last_cache_miss_impact_seconds
             assert histogram == rank.rounds
+            assert rank.impacts == pytest.approx(impacts, abs=1e-6)
+            assert rank.reasoning_context == sum(p.estimated_context_tokens for p in rank.reasoning)
 
     # ---------------------------------------------------------------------------------------- the end
     def teardown(self) -> None:

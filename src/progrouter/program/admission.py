@@ -14,7 +14,6 @@ Acting Programs are never reclaimed here: they hold their placement until their 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -25,7 +24,6 @@ from progrouter.program.policy import (
     BatchGainEstimate,
     batch_gain_for_rank,
     growth_reserve,
-    protected_remaining_rounds,
     target_rounds,
 )
 from progrouter.program.types import BackendObservation
@@ -115,20 +113,10 @@ class RankView:
 
     def _batch_inputs(self) -> _BatchInputs:
         rank = self._core.table.rank(self.target_id)
-        rounds, impacts = [], []
-        for p in rank.active():
-            remaining = protected_remaining_rounds(self.target_rounds, p.rounds_since_activation)
-            if remaining > 0:
-                rounds.append(float(remaining))
-                impacts.append(p.last_cache_miss_impact_seconds)
-        protected = ([math.fsum(rounds)], [math.fsum(impacts) / len(impacts)]) if rounds else ([], [])
+        count, remaining, impact = rank.protected(self.target_rounds)
+        protected = ([float(remaining)], [impact / count]) if count else ([], [])
         inputs = _BatchInputs(
-            self._core,
-            self.factors,
-            len(rank.reasoning),
-            sum(p.estimated_context_tokens for p in rank.reasoning),
-            self.used,
-            protected,
+            self._core, self.factors, len(rank.reasoning), rank.reasoning_context, self.used, protected
         )
         inputs.best = inputs.estimate(0, 0, 0.0)
         return inputs
@@ -143,7 +131,7 @@ class RankView:
                 self._reserve = growth_reserve(
                     factors.average_context_growth_tokens(),
                     rounds,
-                    [self._core.table.rank(self.target_id).protected_rounds(rounds)],
+                    [self._core.table.rank(self.target_id).protected(rounds)[1]],
                 )
         return self._reserve
 

@@ -66,15 +66,15 @@ def record_continuity(core: Core, program: Program, now: float) -> None:
     )
 
 
-def observe_context(program: Program, prompt_tokens: int) -> None:
+def observe_context(core: Core, program: Program, prompt_tokens: int) -> None:
     """Growth applies at once; a shrink only after two consecutive lower observations."""
     if prompt_tokens >= program.estimated_context_tokens:
-        program.estimated_context_tokens = prompt_tokens
+        core.table.set_context(program, prompt_tokens)
         program.context_shrink_observations = 0
         return
     program.context_shrink_observations += 1
     if program.context_shrink_observations >= 2:
-        program.estimated_context_tokens = prompt_tokens
+        core.table.set_context(program, prompt_tokens)
         program.context_shrink_observations = 0
 
 
@@ -105,7 +105,7 @@ def complete(
     hint_ttl = dispatch.hints.kv_retention_ttl_seconds
     idle = core.table.request_finished(program)
     if usage.prompt_tokens is not None:
-        observe_context(program, usage.prompt_tokens)
+        observe_context(core, program, usage.prompt_tokens)
     if success:
         _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
         completion = usage.completion_tokens or 0
@@ -128,7 +128,7 @@ def complete(
         program.last_completion_tokens = completion
         program.lifetime_generated_tokens += completion
         program.last_request_finished_at = now
-        program.last_cache_miss_impact_seconds = impact
+        core.table.set_impact(program, impact)
     program.output_token_reservation = None
     if program.active and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))

@@ -194,9 +194,8 @@ class ProgramScheduler:
         core.lineage.observe(
             model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
         )
-        program.estimated_context_tokens = max(
-            program.estimated_context_tokens, request.estimated_context_tokens
-        )
+        if request.estimated_context_tokens > program.estimated_context_tokens:
+            core.table.set_context(program, request.estimated_context_tokens)
         program.output_token_reservation = hints.expected_output_tokens
         program.last_hints = hints
         core.table.retain(program)

@@ -9,9 +9,10 @@ newer one. A Program is in one of four phases, the product of two fields:
 
 Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
-   ``last_target``, ``rounds_since_activation`` (each Rank keeps a histogram of it for the growth reserve)
-   and generations. Everything else about a Program (timers, shared prefix, samples) is a decision fact the
-   policy modules update.
+   ``last_target`` and generations, and the indexed facts ``rounds_since_activation``,
+   ``estimated_context_tokens`` and ``last_cache_miss_impact_seconds`` (each Rank keeps sums of them for the
+   growth reserve and batch gain). Everything else about a Program (timers, shared prefix, samples) is a
+   decision fact the policy modules update.
 2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
    ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
    Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
@@ -184,15 +185,43 @@ class Program:
 class RankPrograms:
     """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
 
-    __slots__ = ("acting", "attributed", "marked", "reasoning", "rounds")
+    __slots__ = ("acting", "attributed", "impacts", "marked", "reasoning", "reasoning_context", "rounds")
 
     def __init__(self, max_rounds: int) -> None:
         self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
         self.acting: dict[Program, None] = {}  # Active+Acting placed here
         self.marked: dict[Program, None] = {}  # Active Programs marked pause_when_idle (capacity repair)
         self.attributed: dict[Program, None] = {}  # every live Program whose last_target is this Rank
-        # Active Programs by rounds_since_activation (the last bucket holds max_rounds and above)
+        # Active Programs by rounds_since_activation (the last bucket holds max_rounds and above), and the
+        # sum of their last cache-miss impacts per bucket: the growth reserve and batch gain read these.
         self.rounds = [0] * (max_rounds + 1)
+        self.impacts = [0.0] * (max_rounds + 1)
+        self.reasoning_context = 0  # Σ estimated context of the Active+Reasoning Programs
+
+    def _bucket(self, program: Program) -> int:
+        return min(program.rounds_since_activation, len(self.rounds) - 1)
+
+    def _enter(self, program: Program) -> None:
+        b = self._bucket(program)
+        self.rounds[b] += 1
+        self.impacts[b] += program.last_cache_miss_impact_seconds
+
+    def _leave(self, program: Program) -> None:
+        b = self._bucket(program)
+        self.rounds[b] -= 1
+        self.impacts[b] = self.impacts[b] - program.last_cache_miss_impact_seconds if self.rounds[b] else 0.0
+
+    def protected(self, target_rounds: int) -> tuple[int, int, float]:
+        """Over Active Programs with rounds left (rounds_since_activation < target_rounds): their count, the
+        sum of their remaining rounds and the sum of their cache-miss impacts. O(target_rounds)."""
+        count, remaining, impact = 0, 0, 0.0
+        for r in range(min(target_rounds, len(self.rounds) - 1)):
+            n = self.rounds[r]
+            if n:
+                count += n
+                remaining += (target_rounds - r) * n
+                impact += self.impacts[r]
+        return count, remaining, impact
 
     @property
     def active_count(self) -> int:
@@ -201,12 +230,6 @@ class RankPrograms:
     def active(self) -> Iterator[Program]:
         yield from self.reasoning
         yield from self.acting
-
-    def protected_rounds(self, target_rounds: int) -> int:
-        """Σ over Active Programs of max(0, target_rounds − rounds_since_activation), in O(target_rounds)."""
-        rounds = self.rounds
-        limit = min(target_rounds, len(rounds) - 1)
-        return sum((target_rounds - r) * rounds[r] for r in range(limit) if rounds[r])
 
 
 class ProgramTable:
@@ -291,19 +314,33 @@ class ProgramTable:
         self._attribute(program, target_id)
         rank = self.rank(target_id)
         rank.reasoning[program] = None
-        rank.rounds[0] += 1
+        rank.reasoning_context += program.estimated_context_tokens
+        rank._enter(program)
         self._ledger.charge(program, target_id, tokens)
 
     def count_round(self, program: Program) -> None:
         """One more continuous round served since activation (kept in the Rank's round histogram)."""
-        if program.placement is not None:
-            rounds = self.rank(program.placement).rounds
-            top = len(rounds) - 1
-            r = program.rounds_since_activation
-            if r < top:
-                rounds[r] -= 1
-                rounds[r + 1] += 1
+        rank = None if program.placement is None else self.rank(program.placement)
+        if rank is not None:
+            rank._leave(program)
         program.rounds_since_activation += 1
+        if rank is not None:
+            rank._enter(program)
+
+    def set_context(self, program: Program, tokens: int) -> None:
+        """The Program's context estimate (indexed while it is Active+Reasoning)."""
+        if program.placement is not None and program.status is ProgramStatus.REASONING:
+            self.rank(program.placement).reasoning_context += tokens - program.estimated_context_tokens
+        program.estimated_context_tokens = tokens
+
+    def set_impact(self, program: Program, seconds: float) -> None:
+        """The cache-miss impact of the Program's last completion (indexed while it is Active)."""
+        rank = None if program.placement is None else self.rank(program.placement)
+        if rank is not None:
+            rank._leave(program)
+        program.last_cache_miss_impact_seconds = seconds
+        if rank is not None:
+            rank._enter(program)
 
     def dispatched(self, program: Program) -> bool:
         """A request of an Active Program starts; returns whether it is the first of its placement."""
@@ -387,12 +424,14 @@ class ProgramTable:
         target = program.placement
         if target is not None and before_state is ProgramState.ACTIVE and after[0] is ProgramState.ACTIVE:
             rank = self.rank(target)
-            if after[1] is ProgramStatus.REASONING:
+            if after[1] is ProgramStatus.REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
-            else:
+                rank.reasoning_context += program.estimated_context_tokens
+            elif after[1] is ProgramStatus.ACTING and program not in rank.acting:
                 rank.reasoning.pop(program, None)
                 rank.acting[program] = None
+                rank.reasoning_context -= program.estimated_context_tokens
 
     def _idle_if_quiet(self, program: Program) -> bool:
         if program.in_flight == 0 and self._pool.waiting(program) == 0 and not program.acting:
@@ -402,10 +441,11 @@ class ProgramTable:
 
     def _leave_placement(self, program: Program, target: str) -> None:
         rank = self.rank(target)
-        rank.reasoning.pop(program, None)
+        if rank.reasoning.pop(program, _MISSING) is not _MISSING:
+            rank.reasoning_context -= program.estimated_context_tokens
         rank.acting.pop(program, None)
         rank.marked.pop(program, None)
-        rank.rounds[min(program.rounds_since_activation, len(rank.rounds) - 1)] -= 1
+        rank._leave(program)
         program.pause_when_idle = False
         program.placement = None
         program.placement_start_pending = False
