@@ -2,13 +2,15 @@
 
 Drives ``ProgramScheduler`` in virtual time with N Programs over R Ranks (default 10,000 over 64: 8 workers
 × 8 DP Ranks), token capacity configured so Ranks are full and queues are long. After a warm-up that puts
-every Program in play, each measured step completes the oldest in-flight request (with usage) and lets its
-Program send its next request; every completion frees capacity, so a step usually also pauses one Program
-and admits another. Ticks run between steps with the whole population in place.
+every Program in play, each measured step (1 ms of virtual time) completes the oldest in-flight request
+(with usage) and sends that Program into a tool call, and the Program whose tool call is oldest (~2 s) sends
+its next request; a completion usually pauses or arms a TTL, an arrival usually queues, and freed capacity
+admits another Program. Ticks run between steps with the whole population in place.
 
-Two arms: ``cold`` (default windows: immature statistics, TTL 0, no growth reserve) and ``mature``
-(small windows that fill during warm-up, so fitted TTLs, growth reserve, batch gain and workload-derived
-force-resume deadlines are all computed). Targets: < 100 µs per arrival+completion, < 20 ms per tick.
+Two arms: ``cold`` (windows that never complete: TTL 0 unless hinted, no growth reserve, static force
+deadlines) and ``mature`` (default 100-sample windows, full after the warm-up: fitted TTLs, growth reserve,
+batch gain and workload-derived force-resume deadlines are all computed). A third of the requests carry a
+``kv_retention_ttl_seconds`` hint. Targets: < 100 µs per arrival+completion, < 20 ms per tick.
 
     .venv/bin/python bench/scheduler_core.py [--programs 10000] [--ranks 64] [--steps 20000] [--ticks 50]
 """
@@ -45,19 +47,23 @@ def build(arm: str, ranks: int, programs: int) -> tuple[ProgramScheduler, list[T
         "high_watermark_ratio": 0.95,
         "global_queue": True,
     }
-    if arm == "mature":
-        config |= {"stats_window_size": 20, "max_segment_rounds": 6}
+    if arm == "cold":  # windows never complete: TTL 0 unless hinted, no reserve, static force deadlines
+        config |= {"stats_window_size": 1_000_000}
     scheduler = ProgramScheduler(ProgramSchedulingConfig(**config))
     scheduler.set_targets(POOL, targets, 0.0)
     return scheduler, targets
 
 
 class Driver:
-    def __init__(self, scheduler: ProgramScheduler, programs: int, seed: int) -> None:
+    """Closed loop: a completed Program spends a tool call (``tool_gap`` steps, ~2 s) before its next one."""
+
+    def __init__(self, scheduler: ProgramScheduler, programs: int, seed: int, tool_gap: int = 2000) -> None:
         self.scheduler = scheduler
         self.rng = random.Random(seed)
         self.contexts = [self.rng.randint(2_000, 30_000) for _ in range(programs)]
         self.in_flight: deque[ProgramDispatch] = deque()
+        self.in_tool_call: deque[int] = deque(range(programs - tool_gap, programs))
+        self.starting = programs - tool_gap
         self.now = 0.0
 
     def request(self, i: int) -> ProgramRequest:
@@ -72,7 +78,8 @@ class Driver:
                 self.in_flight.append(outcome.dispatch)
 
     def step(self) -> None:
-        """Complete the oldest in-flight request; its Program sends the next one."""
+        """Complete the oldest in-flight request (its Program goes to a tool call); the Program whose tool
+        call is the oldest sends its next request."""
         self.now += 0.001
         dispatch = self.in_flight.popleft()
         i = int(dispatch.program.program_id[4:].split(":")[0])
@@ -82,7 +89,8 @@ class Driver:
             prompt_tokens=prompt, completion_tokens=200, cached_tokens=int(prompt * 0.95)
         )
         self.scheduler.complete(self.now, dispatch, success=True, usage=usage, decode_seconds=2.0)
-        self.scheduler.arrive(self.now, self.request(i))
+        self.in_tool_call.append(i)
+        self.scheduler.arrive(self.now, self.request(self.in_tool_call.popleft()))
         self.collect()
 
 
@@ -95,7 +103,7 @@ def observe(scheduler: ProgramScheduler, targets: list[Target], now: float, rng:
 def run_arm(arm: str, programs: int, ranks: int, steps: int, ticks: int, seed: int) -> dict[str, float]:
     scheduler, targets = build(arm, ranks, programs)
     driver = Driver(scheduler, programs, seed)
-    for i in range(programs):
+    for i in range(driver.starting):
         driver.now += 0.0001
         scheduler.arrive(driver.now, driver.request(i))
     driver.collect()

@@ -89,14 +89,27 @@ class RankView:
             return False
         return self._batch_bound_allows(uncached)
 
+    def refuses_quickly(self, required: int, recovery_seconds: float) -> bool:
+        """For an unforced candidate on a Rank whose count fits: refused for capacity, or for the reserve
+        with a recovery cost the best-case batch gain cannot cover. Equal to ``plan``'s refusals."""
+        low = self.low_tokens
+        assert low is not None
+        if self.used + required > low:
+            return True
+        return self.used + required + self.reserve > low and not self._batch_bound_covers(recovery_seconds)
+
     def _batch_bound_allows(self, uncached: int) -> bool:
         """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
         grows with the uncached context and the continuity loss with demand."""
+        return self._batch_bound_covers(
+            self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+        )
+
+    def _batch_bound_covers(self, recovery_seconds: float) -> bool:
         if self._batch is None:
             self._batch = self._batch_inputs()
         best = self._batch.best
-        recovery = self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
-        return best.batch_gain_seconds >= recovery + best.continuity_loss_seconds
+        return best.batch_gain_seconds >= recovery_seconds + best.continuity_loss_seconds
 
     def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
         """Batch-gain admission of one reserve-failing candidate (upstream §3.6).

@@ -271,6 +271,12 @@ def enqueue(core: Core, program: Program, now: float) -> None:
         _freeze_force_deadline(core, program, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
         core.timers.arm(program, TimerKind.FORCE_RESUME, program.force_resume_deadline)
+    _insert(core, program, now)
+
+
+def _insert(core: Core, program: Program, now: float) -> None:
+    uncached = max(0, program.estimated_context_tokens - program.shared_prefix_tokens)
+    program.queue_recovery = core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
     core.queues.insert(program, local_key(core, program, now), required_tokens(core, program))
 
 
@@ -279,7 +285,7 @@ def requeue(core: Core, program: Program, now: float) -> None:
     if program.queue_key is None:
         return
     core.queues.remove(program)
-    core.queues.insert(program, local_key(core, program, now), required_tokens(core, program))
+    _insert(core, program, now)
 
 
 def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
@@ -426,12 +432,15 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
         if view.gate_blocked:
             return
         unforced_possible: bool | None = None
+        low = view.low_tokens
         for program in candidates:
             if not _forced(program, now):
                 if unforced_possible is None:
                     unforced_possible = view.may_admit(queue.min_required(), queue.min_uncached())
                 if not unforced_possible:
                     return
+                if low is not None and view.refuses_quickly(program.queue_required, program.queue_recovery):
+                    continue  # what the plan would refuse, decided from the queued facts alone
             result = plan(core, view, program, now)
             if isinstance(result, AdmissionPlan):
                 commit_admission(core, program, result, now)

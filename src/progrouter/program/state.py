@@ -161,6 +161,7 @@ class Program:
     last_hints: RequestHints = field(default_factory=RequestHints)
     queue_key: QueueKey | None = None  # set while the Program sits in a Rank queue (resume.py)
     queue_required: int = 0  # its private demand when (re)queued; queued Programs' inputs are frozen
+    queue_recovery: float = 0.0  # the cache-miss impact of its uncached context when (re)queued
     timer_due: dict[int, float] = field(
         default_factory=dict
     )  # TimerKind -> its one pending entry (timers.py)
