@@ -9,6 +9,7 @@ lists each formula with its upstream section.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -62,25 +63,18 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------------------
-# Normal CDF (Abramowitz–Stegun 7.1.26 erf, |error| ≤ 1.5e-7), as upstream.
+# Normal CDF (exact; upstream approximates erf by Abramowitz–Stegun 7.1.26, |error| ≤ 1.5e-7).
 
-_AS_P = 0.3275911
-_AS_A1 = 0.254829592
-_AS_A2 = -0.284496736
-_AS_A3 = 1.421413741
-_AS_A4 = -1.453152027
-_AS_A5 = 1.061405429
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
 
 
 def normal_cdf(x: float) -> float:
-    """Φ(x) via the Abramowitz–Stegun erf approximation, clamped to [0, 1]."""
-    y = x / math.sqrt(2.0)
-    sign = -1.0 if y < 0.0 else 1.0
-    y = abs(y)
-    t = 1.0 / (1.0 + _AS_P * y)
-    poly = ((((_AS_A5 * t + _AS_A4) * t + _AS_A3) * t + _AS_A2) * t + _AS_A1) * t
-    erf = sign * (1.0 - poly * math.exp(-y * y))
-    return min(1.0, max(0.0, 0.5 * (1.0 + erf)))
+    """Φ(x), exact to double precision through ``math.erfc``.
+
+    Upstream uses the Abramowitz–Stegun erf approximation (|error| < 1.5e-7); the exact function is both more
+    accurate and about three times faster here, and the acting-TTL fit evaluates it 70 times per completion.
+    """
+    return 0.5 * math.erfc(-x * _SQRT1_2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -100,15 +94,19 @@ def fit_log_normal(intervals: Iterable[float]) -> LogNormalFit | None:
     return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=len(logs))
 
 
-def acting_ttl_candidates(max_ttl: float) -> list[float]:
-    """{0, min_ttl, max_ttl} then 32 log-spaced points min_ttl..max_ttl (upstream order; ties → later)."""
+@functools.lru_cache(maxsize=4096)
+def acting_ttl_candidates(max_ttl: float) -> tuple[float, ...]:
+    """{0, min_ttl, max_ttl} then 32 log-spaced points min_ttl..max_ttl (upstream order; ties → later).
+
+    Cached: with the common cap (``max_acting_ttl_seconds``) every completion asks for the same grid.
+    """
     min_ttl = min(MIN_ACTING_TTL_SECONDS, max_ttl)
     candidates = [0.0, min_ttl, max_ttl]
     if max_ttl > min_ttl:
         log_min, log_max = math.log(min_ttl), math.log(max_ttl)
         last = ACTING_TTL_GRID_POINTS - 1
         candidates.extend(math.exp(log_min + (log_max - log_min) * i / last) for i in range(last + 1))
-    return candidates
+    return tuple(candidates)
 
 
 def acting_ttl_utility(ttl: float, impact_seconds: float, fit: LogNormalFit) -> float:
@@ -139,12 +137,20 @@ def fitted_acting_ttl_from_fit(
     max_ttl = min(max_acting_ttl_seconds, impact_seconds)
     if not max_ttl > 0.0 or not impact_seconds > 0.0:
         return 0.0
-    best_ttl, best_utility = 0.0, -math.inf
+    # acting_ttl_utility inlined: this loop runs on every completion once the window is mature.
+    mu, sigma, mean = fit.mu, fit.sigma, fit.mean
+    erfc, log, k = math.erfc, math.log, _SQRT1_2
+    best_ttl, best_utility = 0.0, 0.0  # U(0) = 0 is always a candidate
     for ttl in acting_ttl_candidates(max_ttl):
-        utility = acting_ttl_utility(ttl, impact_seconds, fit)
+        if ttl <= 0.0:
+            utility = 0.0
+        else:
+            z = (log(ttl) - mu) / sigma
+            hit = 0.5 * erfc(-z * k)
+            utility = impact_seconds * hit - mean * 0.5 * erfc(-(z - sigma) * k) - ttl * (1.0 - hit)
         if utility >= best_utility:
             best_ttl, best_utility = ttl, utility
-    return 0.0 if best_utility < 0.0 else best_ttl
+    return best_ttl
 
 
 def fitted_acting_ttl(
