@@ -1,45 +1,27 @@
-"""Loopback fixtures: emulator engines, a metrics-faulting proxy, routers with Program scheduling."""
+"""Loopback fixtures: emulator defaults that match the router's capacity, and a metrics-faulting proxy.
+
+``make_engine``, ``make_router`` and ``client`` come from the root tests/conftest.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
-
-from progrouter.config import ProgramSchedulingConfig, RouterConfig
-from progrouter.engine.config import EngineConfig
-from progrouter.engine.server import RunningEngine, start_engine
-from progrouter.server.runner import RunningRouter, start_router
 
 from .helpers import BLOCK, CAPACITY, ENGINE_BLOCKS, MODEL, MetricsProxy
 
-EngineFactory = Callable[..., Awaitable[RunningEngine]]
-RouterFactory = Callable[..., Awaitable[RunningRouter]]
-
 
 @pytest.fixture
-async def make_engine() -> AsyncIterator[EngineFactory]:
-    started: list[RunningEngine] = []
-
-    async def make(**overrides: Any) -> RunningEngine:
-        fields: dict[str, Any] = {
-            "port": 0,
-            "model_name": MODEL,
-            "num_blocks": ENGINE_BLOCKS,
-            "block_size": BLOCK,
-            "max_model_len": CAPACITY,
-            "time_scale": 20.0,
-        }
-        fields.update(overrides)
-        engine = await start_engine(EngineConfig(**fields))
-        started.append(engine)
-        return engine
-
-    yield make
-    for engine in started:
-        await engine.stop()
+def engine_defaults() -> dict[str, Any]:
+    return {
+        "model_name": MODEL,
+        "num_blocks": ENGINE_BLOCKS,
+        "block_size": BLOCK,
+        "max_model_len": CAPACITY,
+        "time_scale": 20.0,
+    }
 
 
 @pytest.fixture
@@ -54,32 +36,3 @@ async def make_proxy() -> AsyncIterator[Callable[[str], Awaitable[MetricsProxy]]
     yield make
     for proxy in started:
         await proxy.stop()
-
-
-@pytest.fixture
-async def make_router() -> AsyncIterator[RouterFactory]:
-    started: list[RunningRouter] = []
-
-    async def make(worker_urls: list[str], program: dict[str, Any] | None, **overrides: Any) -> RunningRouter:
-        fields: dict[str, Any] = {
-            "worker_urls": worker_urls,
-            "port": 0,
-            "prometheus_port": None,
-            "policy": "round_robin",
-            "health_check_interval_secs": 3600.0,
-            "program_scheduling": None if program is None else ProgramSchedulingConfig(**program),
-        }
-        fields.update(overrides)
-        router = await start_router(RouterConfig(**fields))
-        started.append(router)
-        return router
-
-    yield make
-    for router in started:
-        await router.stop()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session

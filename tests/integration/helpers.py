@@ -12,6 +12,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from support.loopback import serve_app
+
 MODEL = "emu"
 BLOCK = 16
 # One Rank's KV: 188 blocks x 16 = 3008 tokens; the router is told 3000, so both views of capacity agree.
@@ -88,11 +90,7 @@ class MetricsProxy:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._forward)
         app.router.add_post("/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:

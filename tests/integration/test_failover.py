@@ -7,7 +7,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .conftest import EngineFactory, RouterFactory
+from support.factories import EngineFactory, RouterFactory
+
 from .helpers import CAPACITY, program_body, wait_until, words
 from .test_program_scheduling import PREFIX, diagnostics, post
 

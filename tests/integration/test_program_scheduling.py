@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from progrouter.server.runner import RunningRouter
+from support.factories import EngineFactory, RouterFactory
 
-from .conftest import EngineFactory, RouterFactory
 from .helpers import (
     CAPACITY,
     MODEL,

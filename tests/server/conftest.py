@@ -1,17 +1,14 @@
+"""Fake workers for the router tests; `make_router` and `client` come from the root tests/conftest.py."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
-
-from progrouter.config import RouterConfig
-from progrouter.server.runner import RunningRouter, start_router
 
 from .workers import FakeWorker
 
-RouterFactory = Callable[..., Awaitable[RunningRouter]]
 WorkerFactory = Callable[..., Awaitable[FakeWorker]]
 
 
@@ -28,31 +25,3 @@ async def make_worker() -> AsyncIterator[WorkerFactory]:
     for w in started:
         w.release.set()
         await w.stop()
-
-
-@pytest.fixture
-async def make_router() -> AsyncIterator[RouterFactory]:
-    started: list[RunningRouter] = []
-
-    async def make(worker_urls: list[str], **overrides: Any) -> RunningRouter:
-        fields: dict[str, Any] = {
-            "worker_urls": worker_urls,
-            "port": 0,
-            "prometheus_port": None,
-            "policy": "round_robin",
-            "health_check_interval_secs": 3600.0,
-        }
-        fields.update(overrides)
-        router = await start_router(RouterConfig(**fields))
-        started.append(router)
-        return router
-
-    yield make
-    for r in started:
-        await r.stop()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from .conftest import RouterFactory, WorkerFactory
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
 
 
 def _closed_port_url() -> str:

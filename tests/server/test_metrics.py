@@ -7,7 +7,9 @@ import asyncio
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import RouterFactory, WorkerFactory
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
 
 
 def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -6,7 +6,9 @@ import asyncio
 
 import aiohttp
 
-from .conftest import RouterFactory, WorkerFactory
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
 from .workers import FakeWorker
 
 

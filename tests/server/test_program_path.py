@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 
 from progrouter.config import ProgramSchedulingConfig
+from support.factories import RouterFactory
 
-from .conftest import RouterFactory, WorkerFactory
+from .conftest import WorkerFactory
 from .test_errors import _closed_port_url
 
 

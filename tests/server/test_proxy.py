@@ -5,7 +5,9 @@ from __future__ import annotations
 import aiohttp
 import orjson
 
-from .conftest import RouterFactory, WorkerFactory
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
 
 BODY = (
     b'{"model": "m",  "messages": [{"role": "user", "content": "hi"}],'

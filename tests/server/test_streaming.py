@@ -6,7 +6,9 @@ import asyncio
 
 import aiohttp
 
-from .conftest import RouterFactory, WorkerFactory
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
 
 
 async def test_first_chunk_arrives_before_the_stream_ends(

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from support.loopback import serve_app
+
 
 class FakeWorker:
     def __init__(self, name: str, models: tuple[str, ...] = ("model-a",)) -> None:
@@ -32,11 +34,7 @@ class FakeWorker:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/{tail:.*}", self._post)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:

@@ -1,0 +1,62 @@
+"""Fixtures shared by every test directory: emulator engines, routers and an HTTP client, all stopped after.
+
+A directory (or module) changes the emulator's defaults by overriding the ``engine_defaults`` fixture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from progrouter.engine import EngineConfig
+from progrouter.engine.server import RunningEngine, start_engine
+from progrouter.server.runner import RunningRouter, start_router
+from support.factories import EngineFactory, RouterFactory, router_config
+
+
+@pytest.fixture
+def engine_defaults() -> dict[str, Any]:
+    """EngineConfig fields every ``make_engine`` call starts from (besides ``port=0``)."""
+    return {}
+
+
+@pytest.fixture
+async def make_engine(engine_defaults: dict[str, Any]) -> AsyncIterator[EngineFactory]:
+    """``await make_engine(**fields)``: an emulator on a free loopback port, stopped after the test."""
+    started: list[RunningEngine] = []
+
+    async def make(**overrides: Any) -> RunningEngine:
+        fields = {"port": 0, **engine_defaults, **overrides}
+        engine = await start_engine(EngineConfig.model_validate(fields))
+        started.append(engine)
+        return engine
+
+    yield make
+    for engine in started:
+        await engine.stop()
+
+
+@pytest.fixture
+async def make_router() -> AsyncIterator[RouterFactory]:
+    """``await make_router(worker_urls, program=None, **fields)``: see ``support.factories.router_config``."""
+    started: list[RunningRouter] = []
+
+    async def make(
+        worker_urls: list[str], program: dict[str, Any] | None = None, **overrides: Any
+    ) -> RunningRouter:
+        router = await start_router(router_config(worker_urls, program, **overrides))
+        started.append(router)
+        return router
+
+    yield make
+    for router in started:
+        await router.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
