@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -12,28 +12,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from progrouter.config import PrefillCostModel
-from progrouter.engine import EngineConfig
-from progrouter.engine.server import RunningEngine, start_engine
+from support.factories import EngineFactory
 
 pytestmark = pytest.mark.timeout(60)
 
-Factory = Callable[..., Awaitable[RunningEngine]]
-
 
 @pytest.fixture
-async def engine_factory() -> AsyncIterator[Factory]:
-    started: list[RunningEngine] = []
-
-    async def make(**kw: Any) -> RunningEngine:
-        base: dict[str, Any] = {"port": 0, "time_scale": 1000.0, "num_blocks": 512, "max_model_len": 4096}
-        base.update(kw)
-        engine = await start_engine(EngineConfig.model_validate(base))
-        started.append(engine)
-        return engine
-
-    yield make
-    for engine in started:
-        await engine.stop()
+def engine_defaults() -> dict[str, Any]:
+    return {"time_scale": 1000.0, "num_blocks": 512, "max_model_len": 4096}
 
 
 @pytest.fixture
@@ -77,9 +63,9 @@ async def complete(http: aiohttp.ClientSession, url: str, body: dict[str, Any], 
 
 
 async def test_second_request_with_same_prefix_reports_cached_tokens(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory()
+    eng = await make_engine()
     shared = words(300)
     first = await complete(http, eng.url, {"prompt": shared + " first tail", "max_tokens": 4})
     second = await complete(http, eng.url, {"prompt": shared + " second tail", "max_tokens": 4})
@@ -96,9 +82,9 @@ async def test_second_request_with_same_prefix_reports_cached_tokens(
 
 
 async def test_metrics_parse_with_vllm_names_and_labels(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory(data_parallel_size=2, block_size=32, num_blocks=300)
+    eng = await make_engine(data_parallel_size=2, block_size=32, num_blocks=300)
     await complete(
         http, eng.url, {"prompt": words(50), "max_tokens": 3}, headers={"X-data-parallel-rank": "1"}
     )
@@ -135,9 +121,9 @@ async def test_metrics_parse_with_vllm_names_and_labels(
 
 
 async def test_dp_header_routes_and_out_of_range_is_400(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory(data_parallel_size=3)
+    eng = await make_engine(data_parallel_size=3)
     for rank in (2, 0, 2):
         await complete(
             http, eng.url, {"prompt": words(20), "max_tokens": 2}, headers={"X-data-parallel-rank": str(rank)}
@@ -162,9 +148,9 @@ async def test_dp_header_routes_and_out_of_range_is_400(
 
 
 async def test_without_header_the_least_loaded_rank_serves(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory(data_parallel_size=2, time_scale=1.0)
+    eng = await make_engine(data_parallel_size=2, time_scale=1.0)
     busy = asyncio.ensure_future(
         complete(
             http, eng.url, {"prompt": words(10), "max_tokens": 2000}, headers={"X-data-parallel-rank": "0"}
@@ -190,9 +176,9 @@ async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
 
 
 async def test_streaming_completion_chunks_and_usage(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory()
+    eng = await make_engine()
     body = {"prompt": words(40), "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
     async with http.post(eng.url + "/v1/completions", json=body) as resp:
         assert resp.status == 200
@@ -219,8 +205,10 @@ async def test_streaming_completion_chunks_and_usage(
     assert len(events) == 4 and all("usage" not in e for e in events[:-1])
 
 
-async def test_streaming_chat_role_then_content(engine_factory: Factory, http: aiohttp.ClientSession) -> None:
-    eng = await engine_factory()
+async def test_streaming_chat_role_then_content(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine()
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": words(30)}]
     body = {"messages": messages, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
     async with http.post(eng.url + "/v1/chat/completions", json=body) as resp:
@@ -243,8 +231,10 @@ async def test_streaming_chat_role_then_content(engine_factory: Factory, http: a
     assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == 32  # 37 tokens: 2 whole blocks
 
 
-async def test_tokenize_detokenize_round_trip(engine_factory: Factory, http: aiohttp.ClientSession) -> None:
-    eng = await engine_factory()
+async def test_tokenize_detokenize_round_trip(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine()
     async with http.post(eng.url + "/tokenize", json={"prompt": "hello  brave\nnew world hello"}) as resp:
         tok = await resp.json()
     assert tok["count"] == 5 and tok["tokens"][0] == tok["tokens"][4]
@@ -288,9 +278,9 @@ async def test_tokenize_detokenize_round_trip(engine_factory: Factory, http: aio
     ],
 )
 async def test_bad_requests_get_vllm_like_errors(
-    engine_factory: Factory, http: aiohttp.ClientSession, body: dict[str, Any], status: int, needle: str
+    make_engine: EngineFactory, http: aiohttp.ClientSession, body: dict[str, Any], status: int, needle: str
 ) -> None:
-    eng = await engine_factory()
+    eng = await make_engine()
     async with http.post(eng.url + "/v1/completions", json=body) as resp:
         assert resp.status == status
         err = (await resp.json())["error"]
@@ -301,9 +291,9 @@ async def test_bad_requests_get_vllm_like_errors(
 
 
 async def test_malformed_bodies_and_accepted_xargs(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory()
+    eng = await make_engine()
     async with http.post(eng.url + "/v1/completions", data=b"{not json") as resp:
         assert resp.status == 400
     async with http.post(eng.url + "/v1/completions", json=[1, 2]) as resp:
@@ -322,9 +312,9 @@ async def test_malformed_bodies_and_accepted_xargs(
 
 
 async def test_time_scale_runs_faster_and_reports_modelled_seconds(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory(time_scale=500.0)
+    eng = await make_engine(time_scale=500.0)
     loop = asyncio.get_running_loop()
     wall0 = loop.time()
     await complete(http, eng.url, {"prompt": words(3000), "max_tokens": 1000})
@@ -342,9 +332,9 @@ async def test_time_scale_runs_faster_and_reports_modelled_seconds(
 
 
 async def test_client_disconnect_aborts_and_frees_blocks(
-    engine_factory: Factory, http: aiohttp.ClientSession
+    make_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
-    eng = await engine_factory(time_scale=1.0)
+    eng = await make_engine(time_scale=1.0)
     core = eng.server.cores[0]
     body = {"prompt": words(500), "max_tokens": 3000, "stream": True}
     resp = await http.post(eng.url + "/v1/completions", json=body)
@@ -360,8 +350,8 @@ async def test_client_disconnect_aborts_and_frees_blocks(
     assert core.stats.request_success["abort"] == 1
 
 
-async def test_fault_switches(engine_factory: Factory, http: aiohttp.ClientSession) -> None:
-    eng = await engine_factory(data_parallel_size=2)
+async def test_fault_switches(make_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await make_engine(data_parallel_size=2)
     r0 = {"X-data-parallel-rank": "0"}
     async with http.post(eng.url + "/admin/fault", json={"rank": 0, "mode": "refuse"}) as resp:
         assert (await resp.json())["ranks"][0]["mode"] == "refuse"
@@ -404,8 +394,8 @@ async def test_fault_switches(engine_factory: Factory, http: aiohttp.ClientSessi
         assert resp.status == 400
 
 
-async def test_info_endpoints(engine_factory: Factory, http: aiohttp.ClientSession) -> None:
-    eng = await engine_factory(model_name="m1", data_parallel_size=2)
+async def test_info_endpoints(make_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await make_engine(model_name="m1", data_parallel_size=2)
     async with http.get(eng.url + "/v1/models") as resp:
         models = await resp.json()
     assert models["data"][0]["id"] == "m1" and models["data"][0]["max_model_len"] == 4096

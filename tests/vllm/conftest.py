@@ -21,15 +21,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from progrouter.config import ProgramSchedulingConfig, RouterConfig
-from progrouter.server.runner import RunningRouter, start_router
+from progrouter.server.runner import RunningRouter
+from support.factories import RouterFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
@@ -163,32 +163,15 @@ def vllm_server() -> Iterator[VllmServer]:
         STAGES.append(("vLLM server shutdown", time.monotonic() - t2))
 
 
-RouterFactory = Callable[..., Awaitable[RunningRouter]]
-
-
 @pytest.fixture
-async def make_router(vllm_server: VllmServer) -> AsyncIterator[RouterFactory]:
-    """Routers in front of the session's vLLM server (two Ranks), stopped after the test."""
-    started: list[RunningRouter] = []
+def make_router(make_router: RouterFactory, vllm_server: VllmServer) -> RouterFactory:
+    """The root `make_router` in front of the session's vLLM server (two Ranks): `make_router(program)`."""
 
     async def make(program: dict[str, Any] | None = None, **overrides: Any) -> RunningRouter:
-        fields: dict[str, Any] = {
-            "worker_urls": [vllm_server.url],
-            "intra_node_data_parallel_size": vllm_server.dp_size,
-            "port": 0,
-            "prometheus_port": None,
-            "policy": "round_robin",
-            "health_check_interval_secs": 3600.0,
-            "program_scheduling": None if program is None else ProgramSchedulingConfig(**program),
-        }
-        fields.update(overrides)
-        router = await start_router(RouterConfig(**fields))
-        started.append(router)
-        return router
+        fields = {"intra_node_data_parallel_size": vllm_server.dp_size, **overrides}
+        return await make_router([vllm_server.url], program, **fields)
 
-    yield make
-    for router in started:
-        await router.stop()
+    return make
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

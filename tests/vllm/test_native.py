@@ -5,7 +5,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from .conftest import MODEL_NAME, RouterFactory, VllmServer
+from support.factories import RouterFactory
+
+from .conftest import MODEL_NAME, VllmServer
 from .helpers import engine_counters, read_sse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

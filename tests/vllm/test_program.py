@@ -11,7 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .conftest import BLOCK_SIZE, KV_TOKENS_PER_RANK, MODEL_NAME, VOCAB_SIZE, RouterFactory, VllmServer
+from support.factories import RouterFactory
+
+from .conftest import BLOCK_SIZE, KV_TOKENS_PER_RANK, MODEL_NAME, VOCAB_SIZE, VllmServer
 from .helpers import agentic, diagnostics, engine_counters, read_sse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

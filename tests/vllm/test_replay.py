@@ -14,8 +14,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from progrouter.workload.trace import load as load_trace
+from support.factories import RouterFactory
 
-from .conftest import BLOCK_SIZE, MAX_MODEL_LEN, NOTES, VOCAB_SIZE, RouterFactory
+from .conftest import BLOCK_SIZE, MAX_MODEL_LEN, NOTES, VOCAB_SIZE
 from .helpers import diagnostics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
