@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.log import access_logger
 
 from progrouter.observe.poller import FAILED_MESSAGE, RECOVERED_MESSAGE, MetricsScraper, run_observation_loop
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target
+from support.loopback import serve_app
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,12 +49,8 @@ async def _serve(worker: FakeWorker) -> web.AppRunner:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    worker.url = f"http://127.0.0.1:{port}"
+    # aiohttp's own defaults (handlers not cancelled, access log on) rather than serve_app's
+    runner, worker.url = await serve_app(app, handler_cancellation=False, access_log=access_logger)
     return runner
 
 
