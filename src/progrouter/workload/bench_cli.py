@@ -171,6 +171,19 @@ async def run_plan(plan: BenchPlan, console: Console) -> dict[str, Any] | None:
             return None
 
 
+def execute(plan: BenchPlan, console: Console) -> int:
+    """Run every arm of ``plan``, then report; the exit code (1 a process failed, 130 interrupted)."""
+    try:
+        report = asyncio.run(run_plan(plan, console))
+    except ProcessError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 1
+    if report is None:
+        return 130
+    finish(report, plan, console)
+    return 0
+
+
 def finish(report: dict[str, Any], plan: BenchPlan, console: Console) -> None:
     plot(report, plan.report_dir)
     print_report(report, console, plan.report_dir)
@@ -189,12 +202,4 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"trace: {len(trace.tasks)} tasks, {trace.num_requests} requests; report in {plan.report_dir}"
     )
-    try:
-        report = asyncio.run(run_plan(plan, console))
-    except ProcessError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 1
-    if report is None:
-        return 130
-    finish(report, plan, console)
-    return 0
+    return execute(plan, console)

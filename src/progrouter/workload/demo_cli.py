@@ -14,7 +14,6 @@ capacity of one Rank, the global queue, and the binding strategy that measured b
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +23,8 @@ from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.workload.bench import BenchPlan, EngineFleet, upstream_binary
-from progrouter.workload.bench_cli import finish, run_plan
+from progrouter.workload.bench_cli import execute
 from progrouter.workload.generators import CodingWorkload, generate
-from progrouter.workload.procs import ProcessError
 from progrouter.workload.replay import ReplayOptions
 from progrouter.workload.stats import summarize, trace_intervals
 from progrouter.workload.trace import Trace
@@ -115,12 +113,4 @@ def run(args: argparse.Namespace) -> int:
         upstream_binary=args.upstream_binary,
         engine_base_port=DEMO_ENGINE_BASE_PORT,
     )
-    try:
-        report = asyncio.run(run_plan(plan, console))
-    except ProcessError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 1
-    if report is None:
-        return 130
-    finish(report, plan, console)
-    return 0
+    return execute(plan, console)
