@@ -74,3 +74,14 @@ def test_agent_infer_rebuilds_programs_and_prefixes() -> None:
     # B's first request had 128 cached tokens: 2 blocks of the cross-session shared prefix.
     assert b.lead.requests[0].hash_ids[:2] == (0, 1)
     assert trace.shared_hash_ids == frozenset({0, 1})
+
+
+@pytest.mark.parametrize("load", [load_mooncake, load_agent_infer])
+def test_jsonl_importers_name_the_malformed_line(load: object, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n{not json\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: malformed JSON"):
+        load([bad])  # type: ignore[operator]
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:1: expected an object"):
+        load([bad])  # type: ignore[operator]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from progrouter.workload.trace import TraceError, TraceTask
 
@@ -53,3 +56,19 @@ def timestamp(value: Any, where: str) -> float:
         except ValueError as exc:
             raise TraceError(f"{where}: bad timestamp {value!r}") from exc
     raise TraceError(f"{where}: missing timestamp")
+
+
+def jsonl_objects(paths: Sequence[Path]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each non-blank line of each JSONL file as an object, with its ``path:line`` for error messages."""
+    for path in paths:
+        for n, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise TraceError(f"{where}: malformed JSON ({exc})") from exc
+            if not isinstance(obj, dict):
+                raise TraceError(f"{where}: expected an object")
+            yield where, obj

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from progrouter.workload.importers._common import integer, timestamp
+from progrouter.workload.importers._common import integer, jsonl_objects, timestamp
 from progrouter.workload.trace import (
     AgentRole,
     Trace,
@@ -53,15 +51,8 @@ class _Fact:
 def load_agent_infer(paths: Sequence[Path], block_size: int | None = None) -> Trace:
     size = block_size or DEFAULT_BLOCK_SIZE
     sessions: dict[str, list[_Fact]] = {}
-    for path in paths:
-        for n, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            obj = orjson.loads(line)
-            if not isinstance(obj, dict):
-                raise TraceError(f"{where}: expected an object")
-            sessions.setdefault(str(obj.get("session_id")), []).append(_fact(obj, where))
+    for where, obj in jsonl_objects(paths):
+        sessions.setdefault(str(obj.get("session_id")), []).append(_fact(obj, where))
     if not sessions:
         raise TraceError("no requests found")
     t0 = min(f.started for facts in sessions.values() for f in facts)

@@ -13,25 +13,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from progrouter.workload.importers._common import int_list, integer, number, shared_across_tasks
-from progrouter.workload.trace import AgentRole, Trace, TraceError, TraceProgram, TraceRequest, TraceTask
+from progrouter.workload.importers._common import (
+    int_list,
+    integer,
+    jsonl_objects,
+    number,
+    shared_across_tasks,
+)
+from progrouter.workload.trace import AgentRole, Trace, TraceProgram, TraceRequest, TraceTask
 
 MOONCAKE_BLOCK_SIZE = 512
 
 
 def load_mooncake(paths: Sequence[Path], block_size: int | None = None) -> Trace:
     rows: list[tuple[float, int, str, dict[str, Any]]] = []
-    for path in paths:
-        for n, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            obj = orjson.loads(line)
-            if not isinstance(obj, dict):
-                raise TraceError(f"{where}: expected an object")
-            rows.append((number(obj, "timestamp", where) / 1000.0, len(rows), where, obj))
+    for where, obj in jsonl_objects(paths):
+        rows.append((number(obj, "timestamp", where) / 1000.0, len(rows), where, obj))
     rows.sort(key=lambda r: (r[0], r[1]))
     t0 = rows[0][0] if rows else 0.0
     sessions: dict[str, list[tuple[float, TraceRequest]]] = {}
