@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import orjson
@@ -84,3 +85,21 @@ def test_bad_flags_are_errors(tmp_path: Path, flags: list[str], capsys: pytest.C
     assert main(argv) == 2
     assert "error" in capsys.readouterr().out
     assert not (tmp_path / "report.json").exists()
+
+
+def test_max_concurrent_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r"
+    argv = ["simulate", "--generate", "coding", *SMALL_FLAGS, "--arms", "native", "--num-blocks", "512"]
+    assert main([*argv, "--max-concurrent-tasks", "1", "--out", str(out)]) == 0
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert report["trace"]["max_concurrent_tasks"] == 1
+    assert report["arms"]["native"]["completed_tasks"] == 3
+    facts = [orjson.loads(line) for line in (out / "native" / "facts.jsonl").read_bytes().splitlines()]
+    start = {f["task_id"]: f["task_start"] for f in facts}
+    end = {t: max(f["finished_at"] for f in facts if f["task_id"] == t) for t in start}
+    ordered = sorted(start, key=start.__getitem__)
+    assert len(ordered) == 3
+    assert all(end[a] <= start[b] for a, b in pairwise(ordered))  # one at a time
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-concurrent-tasks", "0", "--out", str(tmp_path / "bad")])
+    assert "positive integer" in capsys.readouterr().err

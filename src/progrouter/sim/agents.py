@@ -5,10 +5,16 @@ when the parent request it was spawned after completes (``spawn_after = -1``: wh
 runs concurrently with everything else; a parent's next request also waits for every blocking subagent
 spawned before it. A Program is finished when its last request and all its subagents are; a task when its
 lead is. Requests go out through ``send`` and come back through ``ProgramRun.request_done``.
+
+``max_concurrent_tasks`` is the replay's task slots (its ``asyncio.Semaphore``): a task that reached its
+``start`` waits for a free slot, FIFO in the order tasks reached their start (trace order on ties); a slot
+frees when a task finishes, and the next waiting task starts at that instant. A task's JCT counts from when it
+actually started (``task_start``), as the replay's facts do.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from progrouter.sim.clock import VirtualClock
@@ -104,13 +110,21 @@ class ProgramRun:
 
 
 class Agents:
-    """Starts every task at its ``start`` and tracks how many are still running."""
+    """Starts every task at its ``start`` (or, with ``max_concurrent_tasks``, when a slot frees after that)
+    and tracks how many are still running or waiting."""
 
-    def __init__(self, trace: Trace, clock: VirtualClock, send: Send) -> None:
+    def __init__(
+        self, trace: Trace, clock: VirtualClock, send: Send, *, max_concurrent_tasks: int | None = None
+    ) -> None:
+        if max_concurrent_tasks is not None and max_concurrent_tasks < 1:
+            raise ValueError(f"max_concurrent_tasks must be at least 1, got {max_concurrent_tasks}")
         self.trace = trace
         self.clock = clock
         self.send = send
-        self.running_tasks = 0
+        self.running_tasks = 0  # started or waiting for a slot, not finished
+        self.task_start: dict[str, float] = {}  # when each task actually started
+        self._free_slots = max_concurrent_tasks  # None: unlimited
+        self._waiting: deque[TraceTask] = deque()
         self._children: dict[tuple[str, str], list[TraceProgram]] = {}
         for task in trace.tasks:
             for p in task.programs:
@@ -120,16 +134,29 @@ class Agents:
     def start(self) -> None:
         for task in self.trace.tasks:
             self.running_tasks += 1
-            self.clock.at(task.start, self._start_task, task)
+            self.clock.at(task.start, self._task_ready, task)
 
-    def _start_task(self, task: TraceTask) -> None:
-        ProgramRun(self, task, task.lead, None).start(self.clock.now)
+    def _task_ready(self, task: TraceTask) -> None:
+        self._waiting.append(task)
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        while self._waiting and (self._free_slots is None or self._free_slots > 0):
+            if self._free_slots is not None:
+                self._free_slots -= 1
+            task = self._waiting.popleft()
+            now = self.clock.now
+            self.task_start[task.task_id] = now
+            ProgramRun(self, task, task.lead, None).start(now)
 
     def children(self, task: TraceTask, program_id: str) -> list[TraceProgram]:
         return self._children.get((task.task_id, program_id), [])
 
     def task_finished(self, task: TraceTask) -> None:
         self.running_tasks -= 1
+        if self._free_slots is not None:
+            self._free_slots += 1
+            self._start_waiting()
 
     @property
     def done(self) -> bool:

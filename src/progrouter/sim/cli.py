@@ -4,7 +4,8 @@
         --arms native,program,oracle --program-config '{"token_capacity_per_dp_rank": "kv"}' --out sim-report
 
 ``"kv"`` as ``token_capacity_per_dp_rank`` stands for the Ranks' KV size in tokens (``--num-blocks`` ×
-block size). ``--variant NAME=JSON`` adds a Program arm whose config is ``--program-config`` with JSON on
+block size). ``--max-concurrent-tasks N`` runs at most N tasks at once, as ``progrouter replay`` does.
+``--variant NAME=JSON`` adds a Program arm whose config is ``--program-config`` with JSON on
 top; ``--hint`` / ``--variant-hint NAME=HINT`` make the agents send ``kv_retention_ttl_seconds``.
 """
 
@@ -46,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(src)
     add_scale_arguments(parser)
     src.add_argument("--num-tasks", type=int, default=None, help="only the first N tasks of the trace")
+    src.add_argument(
+        "--max-concurrent-tasks",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="at most N tasks at once, the next starting when one ends (as the replay's; default: all)",
+    )
 
     d = FleetSpec()
     fleet = parser.add_argument_group("simulated Ranks")
@@ -87,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--salt", default="progrouter", help="prompt token salt (as the replay's)")
     parser.add_argument("--out", type=Path, default=Path("sim-report"), help="report folder")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
 
 
 def load_trace(args: argparse.Namespace) -> Trace:
@@ -238,16 +253,20 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     console.print(
-        f"trace {trace.source or args.trace}: {len(trace.tasks)} tasks, {trace.num_requests} requests; "
+        f"trace {trace.source or args.trace}: {len(trace.tasks)} tasks "
+        f"({args.max_concurrent_tasks or 'all'} at once), {trace.num_requests} requests; "
         f"arms {', '.join(a.name for a in arms)}"
     )
     results: list[ArmResult] = []
     for arm in arms:
         started = time.perf_counter()
         with console.status(f"simulating {arm.name}"):
-            results.append(Simulation(trace, fleet, arm, salt=args.salt).run())
+            sim = Simulation(
+                trace, fleet, arm, salt=args.salt, max_concurrent_tasks=args.max_concurrent_tasks
+            )
+            results.append(sim.run())
         console.print(f"  {arm.name}: done in {time.perf_counter() - started:.1f} s")
-    report = build_report(trace, fleet, results, base)
+    report = build_report(trace, fleet, results, base, max_concurrent_tasks=args.max_concurrent_tasks)
     write_report(args.out, report, results)
     print_report(report, console, results, args.out)
     return 0

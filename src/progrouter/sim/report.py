@@ -25,7 +25,12 @@ REPORT_VERSION = 1
 
 
 def build_report(
-    trace: Trace, fleet: FleetSpec, results: Sequence[ArmResult], program_config: dict[str, Any]
+    trace: Trace,
+    fleet: FleetSpec,
+    results: Sequence[ArmResult],
+    program_config: dict[str, Any],
+    *,
+    max_concurrent_tasks: int | None = None,
 ) -> dict[str, Any]:
     arms = {r.arm.name: r.figures for r in results}
     return {
@@ -38,6 +43,7 @@ def build_report(
             "requests": trace.num_requests,
             "block_size": trace.block_size,
             "meta": trace.meta,
+            "max_concurrent_tasks": max_concurrent_tasks,
         },
         "fleet": {
             "ranks": fleet.ranks,

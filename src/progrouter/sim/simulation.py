@@ -56,7 +56,15 @@ def unbounded_blocks(trace: Trace, fleet: FleetSpec) -> int:
 
 
 class Simulation:
-    def __init__(self, trace: Trace, fleet: FleetSpec, arm: SimArm, *, salt: str = "progrouter") -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        fleet: FleetSpec,
+        arm: SimArm,
+        *,
+        salt: str = "progrouter",
+        max_concurrent_tasks: int | None = None,
+    ) -> None:
         self.trace = trace
         self.fleet = fleet
         self.arm = arm
@@ -65,7 +73,7 @@ class Simulation:
         self.ranks = build_fleet(fleet, self.clock, self._on_output, num_blocks=self.num_blocks)
         self._by_target = {r.target.id: r for r in self.ranks}
         self.prompts = PromptBuilder(trace, salt=salt, vocab_size=self.ranks[0].core.config.vocab_size)
-        self.agents = Agents(trace, self.clock, self._send)
+        self.agents = Agents(trace, self.clock, self._send, max_concurrent_tasks=max_concurrent_tasks)
         self.facts: list[Fact] = []
         self._in_flight: dict[str, SimRequest] = {}
         self.router: Router = self._router()
@@ -134,7 +142,7 @@ class Simulation:
             agent_role=program.role.value,
             parent_program_id=program.parent_program_id,
             step_id=step,
-            task_start=task.start,
+            task_start=self.agents.task_start[task.task_id],
             ready_at=now,
             started_at=now,
             finished_at=now,
