@@ -18,8 +18,8 @@ demo: $(STAMP)
 	$(VENV)/bin/progrouter demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check --no-cache src tests bench
+	$(VENV)/bin/ruff format --no-cache --check src tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

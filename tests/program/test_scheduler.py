@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import POOL, T0, T1, Harness
 
+from conftest import POOL, T0, T1, Harness
 from progrouter.program.outcomes import ProgramRequest
 from progrouter.program.state import ProgramRef
 from progrouter.program.types import NoTargets, RequestHints

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from conftest import POOL, T0, T1, Harness
 
+from conftest import POOL, T0, T1, Harness
 from progrouter.program.state import ProgramRef
 from progrouter.program.types import BackendObservation
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import POOL, T0, T1, Harness
 
+from conftest import POOL, T0, T1, Harness
 from progrouter.program.factors import RequestSample
 from progrouter.program.policy import completion_cache_miss_impact, fitted_acting_ttl
 from progrouter.program.types import BackendObservation

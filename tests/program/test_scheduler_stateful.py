@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import identity
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from conftest import identity
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.observer import NullObserver
 from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
