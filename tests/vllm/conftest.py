@@ -88,11 +88,7 @@ def _healthy(url: str) -> bool:
 
 
 def vllm_command(python: str, model: str, port: int) -> list[str]:
-    # nice: vLLM's DP engines step in lockstep, so one busy Rank keeps both cores spinning; at equal priority
-    # the router and the test (which a real deployment runs on other CPUs) starve and a 2 s /metrics scrape
-    # times out. A lower priority for vLLM gives them the CPU they need and vLLM everything else.
     return [
-        "nice", "-n", "10",
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model, "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
