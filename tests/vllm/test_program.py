@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import urllib.request
 import uuid
 from typing import Any
 
 import aiohttp
 import pytest
 
-from progrouter.observe.poller import MetricsScraper
+from progrouter.observe.vllm_metrics import observations_for_targets, parse_vllm_metrics
 from progrouter.program.types import BackendObservation
-from progrouter.routing.target import expand_targets
+from progrouter.routing.target import Target, expand_targets
 from support.factories import RouterFactory
 
 from .conftest import BLOCK_SIZE, KV_TOKENS_PER_RANK, MODEL_NAME, VOCAB_SIZE, VllmServer
@@ -100,24 +101,42 @@ async def test_program_conversation_hits_the_prefix_cache_on_its_rank(
     assert rank_of(diag, f"{vllm_server.url}@{other}")["rolling"]["request_samples"] == 0
 
 
+def _scrape_until_running(
+    base_url: str, targets: list[Target], seconds: float
+) -> dict[str, BackendObservation] | None:
+    """Blocking scrapes from a thread, parsed by the router's own code, until a Rank runs a request.
+
+    A thread with blocking sockets keeps waking on time while vLLM decodes; the event loop does not (see
+    the test's docstring).
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        observed = observations_for_targets(targets, parse_vllm_metrics(text))
+        if any(o.running == 1 for o in observed.values()):
+            return observed
+        time.sleep(0.1)
+    return None
+
+
 async def test_backend_observation_parses_real_metrics_per_engine(
     make_router: RouterFactory, vllm_server: VllmServer
 ) -> None:
     """The real /metrics, parsed per `engine` label and mapped to Ranks, feeds the router's accounting.
 
-    Two phases, because of a property of this sandbox: while vLLM decodes, its lockstep DP engines keep both
-    cores busy and an asyncio process here can sleep in epoll for up to ~13 s past its timers while using no
-    CPU (measured with an event-loop lag probe; `nice` and pinning did not help). The router's 2 s scrape
-    then times out, so its freshness cannot be asserted *during* a decode. So: during the decode the router's
-    own `MetricsScraper` (with a timeout this sandbox can meet) proves the per-engine parsing and the
-    engine→Rank mapping on a busy server; once vLLM is idle, the router's own loop must show fresh
-    backend observations on both Ranks.
+    Two phases, because of a property of this machine: while vLLM decodes, its lockstep DP engines keep both
+    cores busy and an asyncio event loop here can sleep in epoll for up to ~13 s past its timers while using
+    no CPU (measured with an event-loop lag probe; `nice` and pinning did not help). The router's 2 s scrape
+    then times out, so its freshness cannot be asserted *during* a decode. So: during the decode the
+    router's parsing and engine→Rank mapping code reads the busy server's real /metrics (fetched from a
+    thread); once vLLM is idle, the router's own loop must show fresh backend observations on both Ranks.
     """
     router = await make_router(program_config())
     body = {
         "model": MODEL_NAME,
         "prompt": fresh_ids(2000),
-        "max_tokens": 6000,  # ~25 s of decoding: far longer than the sandbox's wake-up lags
+        "max_tokens": 6000,  # ~25 s of decoding
         "min_tokens": 6000,
         "ignore_eos": True,
         "stream": True,
@@ -126,13 +145,7 @@ async def test_backend_observation_parses_real_metrics_per_engine(
     targets = expand_targets([vllm_server.url], 2)
     async with aiohttp.ClientSession() as s:
         long_request = asyncio.create_task(_stream(s, router.url, body))
-        scraper = MetricsScraper(s, timeout_seconds=60)
-        busy: dict[str, BackendObservation] | None = None
-        while busy is None and not long_request.done():
-            observed = await scraper.scrape(targets)
-            if any(o.running == 1 for o in observed.values()):
-                busy = observed
-            await asyncio.sleep(INTERVAL)
+        busy = await asyncio.to_thread(_scrape_until_running, vllm_server.url, targets, 120.0)
         assert await long_request
         deadline = time.monotonic() + 60
         diag = await diagnostics(s, router.url)
@@ -140,7 +153,7 @@ async def test_backend_observation_parses_real_metrics_per_engine(
             assert time.monotonic() < deadline, f"no fresh observation once idle: {diag['ranks']}"
             await asyncio.sleep(INTERVAL)
             diag = await diagnostics(s, router.url)
-    assert busy is not None, "the scrape never saw the running request"
+    assert busy is not None, "no scrape saw the running request"
     assert set(busy) == {t.id for t in targets}
     busy_id = next(t for t, o in busy.items() if o.running == 1)
     idle = next(o for t, o in busy.items() if t != busy_id)
