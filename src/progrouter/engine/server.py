@@ -19,11 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from progrouter.engine.chat_template import ChatTemplateError, render_chat
 from progrouter.engine.config import EngineConfig
@@ -40,6 +40,7 @@ from progrouter.engine.protocol import (
 from progrouter.engine.request import SamplingParams
 from progrouter.engine.tokenizer import Tokenizer
 
+_Req = TypeVar("_Req", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 DP_RANK_HEADER = "X-data-parallel-rank"
@@ -299,20 +300,23 @@ class EngineServer:
             raise HTTPError(400, "The request body must be a JSON object")
         return body
 
-    def _check_model(self, model: str | None) -> None:
+    def _parse(self, model_cls: type[_Req], body: dict[str, Any]) -> _Req:
+        """Validate ``body`` as ``model_cls`` (400 naming the fields) and check it names our model (404)."""
+        try:
+            req = model_cls.model_validate(body)
+        except ValidationError as exc:
+            raise HTTPError(400, describe(exc)) from exc
+        model = getattr(req, "model", None)
         if model is not None and model != self.config.model_name:
             raise HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        return req
 
     def _prepare(self, kind: str, body: dict[str, Any]) -> _Prepared:
         req: CompletionRequest | ChatCompletionRequest
-        try:
-            if kind == "completion":
-                req = CompletionRequest.model_validate(body)
-            else:
-                req = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise HTTPError(400, describe(exc)) from exc
-        self._check_model(req.model)
+        if kind == "completion":
+            req = self._parse(CompletionRequest, body)
+        else:
+            req = self._parse(ChatCompletionRequest, body)
         if req.n != 1:
             raise HTTPError(400, "n must be 1: the progrouter engine emulator generates one choice")
         if req.stream_options is not None and not req.stream:
@@ -538,12 +542,7 @@ class EngineServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._read_body(request)
-            try:
-                req = TokenizeRequest.model_validate(body)
-            except ValidationError as exc:
-                raise HTTPError(400, describe(exc)) from exc
-            self._check_model(req.model)
+            req = self._parse(TokenizeRequest, await self._read_body(request))
             if req.messages is not None:
                 try:
                     text = render_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
@@ -562,12 +561,7 @@ class EngineServer:
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._read_body(request)
-            try:
-                req = DetokenizeRequest.model_validate(body)
-            except ValidationError as exc:
-                raise HTTPError(400, describe(exc)) from exc
-            self._check_model(req.model)
+            req = self._parse(DetokenizeRequest, await self._read_body(request))
             bad = next((t for t in req.tokens if not self.tokenizer.is_valid_id(t)), None)
             if bad is not None:
                 raise HTTPError(400, f"Token id {bad} is out of vocabulary")
