@@ -132,24 +132,16 @@ class Simulation:
     def _send(self, run: ProgramRun, step: int) -> None:
         now = self.clock.now
         task, program = run.task, run.program
-        request_id = f"{program.program_id}:{step}"
-        trace_request = program.requests[step]
-        fact = Fact(
-            request_id=request_id,
-            task_id=task.task_id,
-            program_id=program.program_id,
-            agent_id=program.agent_id,
-            agent_role=program.role.value,
-            parent_program_id=program.parent_program_id,
-            step_id=step,
+        fact = Fact.start(
+            task,
+            program,
+            step,
             task_start=self.agents.task_start[task.task_id],
             ready_at=now,
             started_at=now,
             finished_at=now,
-            input_tokens=trace_request.input_tokens,
-            planned_output_tokens=trace_request.output_tokens,
         )
-        request = SimRequest(request_id, task, program, step, trace_request, run, fact)
+        request = SimRequest(fact.request_id, task, program, step, program.requests[step], run, fact)
         self.router.submit(now, request)
 
     def _dispatch(self, request: SimRequest, target: Target) -> None:

@@ -14,6 +14,8 @@ from typing import IO, Any
 
 import orjson
 
+from progrouter.workload.trace import TraceProgram, TraceTask
+
 FACT_FORMAT = "progrouter-fact"
 FACT_VERSION = 1
 
@@ -44,6 +46,38 @@ class Fact:
     error: str | None = None
     rank: int | None = None
     target: str | None = None
+
+    @classmethod
+    def start(
+        cls,
+        task: TraceTask,
+        program: TraceProgram,
+        step: int,
+        *,
+        task_start: float,
+        ready_at: float,
+        started_at: float,
+        finished_at: float = 0.0,
+        time_scale: float = 1.0,
+    ) -> Fact:
+        """The fact of a trace request as it is sent: identity and plan; the outcome is filled in later."""
+        request = program.requests[step]
+        return cls(
+            request_id=f"{program.program_id}:{step}",
+            task_id=task.task_id,
+            program_id=program.program_id,
+            agent_id=program.agent_id,
+            agent_role=program.role.value,
+            parent_program_id=program.parent_program_id,
+            step_id=step,
+            task_start=task_start,
+            ready_at=ready_at,
+            started_at=started_at,
+            finished_at=finished_at,
+            input_tokens=request.input_tokens,
+            planned_output_tokens=request.output_tokens,
+            time_scale=time_scale,
+        )
 
     @property
     def ok(self) -> bool:

@@ -184,20 +184,13 @@ class _Replayer:
         headers = {"content-type": "application/json", "x-session-id": task.task_id, **self.opts.headers}
         ready = self.now()
         data = self._body(task, program, step, request, rid)
-        fact = Fact(
-            request_id=rid,
-            task_id=task.task_id,
-            program_id=program.program_id,
-            agent_id=program.agent_id,
-            agent_role=program.role.value,
-            parent_program_id=program.parent_program_id,
-            step_id=step,
+        fact = Fact.start(
+            task,
+            program,
+            step,
             task_start=self.task_start[task.task_id],
             ready_at=ready,
             started_at=self.now(),
-            finished_at=0.0,
-            input_tokens=request.input_tokens,
-            planned_output_tokens=request.output_tokens,
             time_scale=self.opts.time_scale,
         )
         try:
