@@ -58,23 +58,19 @@ def test_generate_import_and_stats(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["trace", "stats", str(DATA / "mooncake.jsonl")]) == 1  # not our format: a clear error
 
 
+async def start_replay(url: str, trace: Path, out: Path, *extra: str) -> asyncio.subprocess.Process:
+    """``python -m progrouter replay`` as a subprocess, as a user runs it."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "progrouter", "replay", "--url", url, "--trace", str(trace), "--out", str(out),
+        *extra,
+    )  # fmt: skip
+
+
 async def test_replay_cli_and_stats_on_facts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace_path, facts_path = tmp_path / "t.jsonl", tmp_path / "f.jsonl"
     T.save(tree_trace(2), trace_path)
     async with running(FakeEngine()) as fake:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "progrouter",
-            "replay",
-            "--url",
-            fake.url,
-            "--trace",
-            str(trace_path),
-            "--out",
-            str(facts_path),
-            "--quiet",
-        )
+        proc = await start_replay(fake.url, trace_path, facts_path, "--quiet")
         assert await proc.wait() == 0
     facts = load_facts(facts_path)
     assert len(facts) == 12 and all(f.ok for f in facts)
@@ -98,18 +94,7 @@ async def test_ctrl_c_stops_cleanly_and_keeps_finished_facts(tmp_path: Path) -> 
         return None
 
     async with running(FakeEngine(hold=hold)) as fake:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "progrouter",
-            "replay",
-            "--url",
-            fake.url,
-            "--trace",
-            str(trace_path),
-            "--out",
-            str(facts_path),
-        )
+        proc = await start_replay(fake.url, trace_path, facts_path)
         await asyncio.wait_for(in_flight, 60)
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 60) == 130
