@@ -233,8 +233,9 @@ def test_calibration_warning_tracks_partially_given_fields() -> None:
 
 
 def test_router_config_rules() -> None:
-    with pytest.raises(ValueError):
-        RouterConfig(worker_urls=[])
+    assert RouterConfig().worker_urls == []  # workers may be added at runtime, as upstream
+    with pytest.raises(ValueError, match="kv_aware"):
+        RouterConfig(policy="kv_aware")
     with pytest.raises(ValueError, match="worker_urls"):
         RouterConfig(worker_urls=["localhost:8000"])
     with pytest.raises(ValueError, match="cache_threshold"):

@@ -56,6 +56,8 @@ class Policy(StrEnum):
     CONSISTENT_HASH = "consistent_hash"
     POWER_OF_TWO = "power_of_two"
     CACHE_AWARE = "cache_aware"
+    STICKY_LEAST_LOADED = "sticky_least_loaded"
+    KV_AWARE = "kv_aware"
 
 
 def _finite(name: str, value: float, *, positive: bool = False) -> float:
@@ -297,30 +299,82 @@ class ProgramSchedulingConfig(_Strict):
 
 
 class RouterConfig(_Strict):
-    """The whole router: what `progrouter serve` builds from its flags; library users build it directly."""
+    """The whole router: what `progrouter serve` builds from its flags; library users build it directly.
 
-    worker_urls: list[str] = Field(min_length=1)
+    Field names, defaults and meanings are upstream vllm-router 0.1.17's (its ``RouterArgs``), so a
+    command line or config file written for it means the same here.
+    """
+
+    # Workers and listening
+    worker_urls: list[str] = Field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = Field(default=30000, ge=0, le=65535)
-    policy: Policy = Policy.CACHE_AWARE
     intra_node_data_parallel_size: int = Field(default=1, ge=1)
     api_key: str | None = None
     model_name: str | None = None
+    worker_startup_timeout_secs: float = Field(default=600.0, gt=0)
+    worker_startup_check_interval: float = Field(default=30.0, gt=0)
+    max_payload_size: int = Field(default=512 * 1024 * 1024, gt=0)
+    request_timeout_secs: float = Field(default=1800.0, gt=0)
+
+    # Native request-level policy
+    policy: Policy = Policy.CACHE_AWARE
     cache_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
     balance_abs_threshold: int = Field(default=64, ge=0)
     balance_rel_threshold: float = Field(default=1.5, ge=1.0)
-    max_tree_size: int = Field(default=2**20, gt=0)
-    max_payload_size: int = Field(default=512 * 1024 * 1024, gt=0)
-    request_timeout_secs: float = Field(default=1800.0, gt=0)
-    retry_max_retries: int = Field(default=0, ge=0)
+    eviction_interval_secs: float = Field(default=120.0, gt=0)
+    max_tree_size: int = Field(default=2**25, gt=0)
+
+    # kv_aware (accepted for command-line compatibility; the policy needs KV events)
+    router_temperature: float = Field(default=0.0, ge=0.0)
+    kv_penalty_host: float = Field(default=0.8, ge=0.0, le=1.0)
+    kv_penalty_external: float = Field(default=0.6, ge=0.0, le=1.0)
+    kv_penalty_disk: float = Field(default=0.3, ge=0.0, le=1.0)
+    kv_aware_session_affinity_ttl_secs: int | None = Field(default=None, ge=1, le=31_536_000)
+    kv_event_source: list[str] = Field(default_factory=list)
+    kv_event_replay_source: list[str] = Field(default_factory=list)
+    kv_event_block_size: int = Field(default=16, gt=0)
+    kv_event_model: str | None = None
+
+    # Retries: ``retry_max_retries`` counts attempts in all, as upstream (1 = no retry)
+    retry_max_retries: int = Field(default=5, ge=0)
+    retry_initial_backoff_ms: int = Field(default=50, ge=0)
+    retry_max_backoff_ms: int = Field(default=30_000, ge=0)
+    retry_backoff_multiplier: float = Field(default=1.5, ge=1.0)
+    retry_jitter_factor: float = Field(default=0.2, ge=0.0, le=1.0)
+    disable_retries: bool = False
+
+    # Circuit breaker per worker
+    cb_failure_threshold: int = Field(default=10, ge=1)
+    cb_success_threshold: int = Field(default=3, ge=1)
+    cb_timeout_duration_secs: float = Field(default=60.0, gt=0)
+    cb_window_duration_secs: float = Field(default=120.0, gt=0)
+    disable_circuit_breaker: bool = False
+
+    # Health checks
     health_check_interval_secs: float = Field(default=60.0, gt=0)
     health_check_timeout_secs: float = Field(default=5.0, gt=0)
     health_check_endpoint: str = "/health"
     health_failure_threshold: int = Field(default=3, ge=1)
     health_success_threshold: int = Field(default=2, ge=1)
+
+    # Inbound limits
+    max_concurrent_requests: int = Field(default=32768, ge=1)
+    queue_size: int = Field(default=100, ge=0)
+    queue_timeout_secs: float = Field(default=60.0, gt=0)
+    rate_limit_tokens_per_second: int | None = Field(default=None, ge=1)
+
+    # Requests, CORS, shutdown
+    request_id_headers: list[str] | None = None
+    cors_allowed_origins: list[str] = Field(default_factory=list)
+    drain_timeout_secs: float = Field(default=30.0, ge=0)
+
+    # Observability
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int | None = Field(default=29000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_dir: str | None = None
+
     program_scheduling: ProgramSchedulingConfig | None = None
 
     @field_validator("worker_urls")
@@ -330,6 +384,24 @@ class RouterConfig(_Strict):
             if not (url.startswith("http://") or url.startswith("https://")):
                 raise ValueError(f"worker_urls: {url!r} is not an http(s) URL")
         return [u.rstrip("/") for u in v]
+
+    @model_validator(mode="after")
+    def _policy_available(self) -> RouterConfig:
+        if self.policy is Policy.KV_AWARE:
+            raise ValueError(
+                "policy: kv_aware routes on vLLM KV events, which this version of progrouter does not "
+                "consume yet; use cache_aware (prefix matching on request text) until it does"
+            )
+        return self
+
+    @property
+    def retry_attempts(self) -> int:
+        """Attempts per request in all: upstream's ``retry_max_retries``, 1 with ``disable_retries``."""
+        return 1 if self.disable_retries else max(1, self.retry_max_retries)
+
+    @property
+    def circuit_breaker_enabled(self) -> bool:
+        return not self.disable_circuit_breaker
 
 
 M = TypeVar("M", bound=BaseModel)

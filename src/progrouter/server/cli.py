@@ -13,7 +13,7 @@ from typing import Any
 from progrouter.config import ConfigError, Policy, ProgramSchedulingConfig, RouterConfig, parse_config
 
 log = logging.getLogger("progrouter.router")
-_DEFAULTS = RouterConfig(worker_urls=["http://placeholder"])
+_DEFAULTS = RouterConfig()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
