@@ -100,12 +100,14 @@ async def test_retry_goes_to_another_worker_when_the_first_is_unreachable(
     worker = await make_worker()
     dead = _closed_port_url()
     # round robin over both workers' Ranks hits the dead worker within every two requests
-    router = await make_router([dead, worker.url], retry_max_retries=1, intra_node_data_parallel_size=2)
+    router = await make_router(
+        [dead, worker.url], retry_max_retries=2, retry_initial_backoff_ms=1, intra_node_data_parallel_size=2
+    )
     for _ in range(4):
         async with client.post(router.url + "/v1/completions", json={"prompt": "x"}) as resp:
             assert resp.status == 200
     assert len(worker.requests) == 4
-    without_retry = await make_router([dead], retry_max_retries=0)
+    without_retry = await make_router([dead], retry_max_retries=1)
     async with client.post(without_retry.url + "/v1/completions", json={"prompt": "x"}) as resp:
         assert resp.status == 502
 
@@ -114,14 +116,14 @@ async def test_retryable_status_is_retried_elsewhere_then_relayed_when_exhausted
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     w0, w1 = await make_worker(), await make_worker()
-    router = await make_router([w0.url, w1.url], retry_max_retries=1)
+    router = await make_router([w0.url, w1.url], retry_max_retries=2, retry_initial_backoff_ms=1)
     async with client.post(router.url + "/v1/completions", json={"test_mode": "status:503"}) as resp:
         # both workers answer 503: the first is retried, the second (last attempt) is relayed as-is
         assert resp.status == 503
         assert (await resp.json())["status"] == 503
     assert len(w0.requests) == 1 and len(w1.requests) == 1
-    async with client.post(router.url + "/v1/completions", json={"test_mode": "status:500"}) as resp:
-        assert resp.status == 500  # a plain 500 is the model's answer, not retried
+    async with client.post(router.url + "/v1/completions", json={"test_mode": "status:501"}) as resp:
+        assert resp.status == 501  # not a retryable status (upstream retries 408, 429, 500, 502-504)
     assert len(w0.requests) + len(w1.requests) == 3
 
 

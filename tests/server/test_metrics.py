@@ -29,7 +29,7 @@ async def test_counters_and_histograms_per_target_and_route(
     other = await make_router([worker.url], prometheus_port=0)
     assert router.metrics_url is not None and other.metrics_url is not None
     assert router.metrics_url != other.metrics_url
-    for path in ("/v1/chat/completions", "/v1/chat/completions", "/some/random/path/123"):
+    for path in ("/v1/chat/completions", "/v1/chat/completions", "/v1/embeddings"):
         async with client.post(router.url + path, json={}) as resp:
             assert resp.status == 200
     async with client.post(router.url + "/v1/completions", data=b"{oops") as resp:
@@ -38,13 +38,27 @@ async def test_counters_and_histograms_per_target_and_route(
     async with client.get(router.metrics_url) as resp:
         assert resp.status == 200
         text = await resp.text()
-    requests = _samples(text, "progrouter_requests_total")
-    assert requests[(("route", "/v1/chat/completions"), ("status", "2xx"), ("target", worker.url))] == 2
-    assert requests[(("route", "other"), ("status", "2xx"), ("target", worker.url))] == 1
-    assert requests[(("route", "/v1/completions"), ("status", "4xx"), ("target", "none"))] == 1
+    answers = _samples(text, "progrouter_requests_total")
+    assert answers[(("route", "/v1/chat/completions"), ("status", "2xx"), ("target", worker.url))] == 2
+    assert answers[(("route", "/v1/embeddings"), ("status", "2xx"), ("target", worker.url))] == 1
+    assert answers[(("route", "/v1/completions"), ("status", "4xx"), ("target", "none"))] == 1
     counts = _samples(text, "progrouter_request_duration_seconds_count")
     assert counts[(("route", "/v1/chat/completions"), ("target", worker.url))] == 2
-    assert _samples(text, "progrouter_worker_healthy") == {(("worker", worker.url),): 1.0}
+    # upstream's families, with upstream's meanings: requests_total counts successes
+    assert _samples(text, "vllm_router_requests_total") == {
+        (("route", "/v1/chat/completions"),): 2,
+        (("route", "/v1/embeddings"),): 1,
+    }
+    errors = _samples(text, "vllm_router_request_errors_total")
+    assert errors == {(("error_type", "bad_request"), ("route", "/v1/completions")): 1}
+    assert _samples(text, "vllm_router_worker_health") == {(("worker", worker.url),): 1.0}
+    assert _samples(text, "vllm_router_active_workers") == {(): 1.0}
+    assert _samples(text, "vllm_router_processed_requests_total") == {(("worker", worker.url),): 3}
+    decisions = _samples(text, "vllm_router_policy_decisions_total")
+    assert decisions == {(("policy", "round_robin"), ("worker", worker.url)): 3}
+    assert _samples(text, "vllm_router_cb_state") == {(("worker", worker.url),): 0.0}
+    assert _samples(text, "vllm_router_generate_duration_seconds_count") == {(): 3}
+    assert "_created" not in text  # upstream exposes no creation timestamps
 
     async with client.get(other.metrics_url) as resp:
         assert _samples(await resp.text(), "progrouter_requests_total") == {}

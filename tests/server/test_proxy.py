@@ -56,16 +56,21 @@ async def test_headers_forwarded_except_hop_by_hop_and_api_key_set(
     assert "x-data-parallel-rank" not in seen
 
 
-async def test_any_post_path_is_proxied_transparently(
+async def test_inference_routes_are_proxied_as_received_and_nothing_else(
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    for path, payload in [("/v1/embeddings", b'{"input": "x"}'), ("/custom/op", b"not json at all")]:
+    for path, payload in [("/v1/embeddings", b'{"input": "x"}'), ("/tokenize", b"not json at all")]:
         async with client.post(router.url + path, data=payload) as resp:
             assert resp.status == 200, path
-    assert [r["path"] for r in worker.requests] == ["/v1/embeddings", "/custom/op"]
+    assert [r["path"] for r in worker.requests] == ["/v1/embeddings", "/tokenize"]
     assert worker.requests[1]["raw"] == b"not json at all"
+    for path in ("/custom/op", "/sleep", "/collective_rpc", "/v1/load_lora_adapter", "/v1/chat/completionsX"):
+        async with client.post(router.url + path, data=b"{}") as resp:
+            assert resp.status == 404, path
+            assert (await resp.json())["error"]["code"] == 404
+    assert len(worker.requests) == 2
 
 
 async def test_dp_ranks_expand_and_carry_the_rank_header(

@@ -7,15 +7,18 @@ that balance on it. Policies are plain objects: no I/O, called from the event lo
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from progrouter.config import Policy as PolicyName
 from progrouter.config import RouterConfig
-from progrouter.routing.hash_key import header_hash_key, native_hash_key
-from progrouter.routing.hash_ring import HashRing
+from progrouter.routing.hash_key import body_hash_key, header_hash_key, native_hash_key
+from progrouter.routing.hash_ring import HashRing, stable_hash64
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
@@ -40,6 +43,7 @@ class RoutingPolicy:
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
+        self.last_decision = ""  # why the last select() chose as it did (cache_aware only), for metrics
 
     def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
         raise NotImplementedError
@@ -130,7 +134,6 @@ class CacheAwarePolicy(RoutingPolicy):
     def __init__(self, index: CacheAwareIndex) -> None:
         super().__init__()
         self.index = index
-        self.last_decision = ""
 
     def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
         # Like upstream, a body without prompt text falls back to the session header as the key.
@@ -144,6 +147,106 @@ class CacheAwarePolicy(RoutingPolicy):
     def on_targets_removed(self, target_ids: Sequence[str]) -> None:
         for tid in target_ids:
             self.index.remove_target(tid)
+
+
+SESSION_EXPIRATION_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
+DEFAULT_SESSION_EXPIRATION_SECS = 7200.0
+MAX_STICKY_SESSIONS = 100_000
+_SWEEP_INTERVAL_SECS = 60.0
+
+
+class StickyLeastLoadedPolicy(RoutingPolicy):
+    """Sticky sessions, each new one on the target holding the fewest sessions (upstream's semantics).
+
+    A session is the consistent-hash key's header or body field (``x-session-id``, ``user`` …). Its first
+    request goes to the candidate with the fewest live sessions, ties broken by rendezvous hashing of
+    ``<session>:<target>`` (so the same tie always resolves the same way); later requests follow it while
+    that target is a candidate, else it is placed again. A request without a session goes to the least
+    loaded target too but is not remembered. Sessions expire ``expiration`` seconds after their last
+    request (2 h, or ``$VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``), and at most ``max_sessions`` are kept
+    (the least recently used goes first), so memory stays bounded.
+    """
+
+    name = "sticky_least_loaded"
+    needs_body = True
+
+    def __init__(
+        self,
+        expiration: float | None = None,
+        max_sessions: int = MAX_STICKY_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.expiration = expiration if expiration is not None else _expiration_from_env()
+        self.max_sessions = max_sessions
+        self._clock = clock
+        self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (target id, last use)
+        self.session_counts: dict[str, int] = {}
+        self._last_sweep = clock()
+
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        now = self._clock()
+        self._sweep(now)
+        key = header_hash_key(request.headers) or body_hash_key(request.body)
+        if key is None:
+            tie = routing_text(request.body) or request.raw_body.decode("utf-8", "replace")
+            return self._least_loaded(candidates, tie)
+        entry = self.sessions.get(key)
+        if entry is not None:
+            target = next((t for t in candidates if t.id == entry[0]), None)
+            if target is not None:
+                self.sessions[key] = (target.id, now)
+                self.sessions.move_to_end(key)
+                return target
+            self._forget(key)
+        target = self._least_loaded(candidates, key)
+        self.sessions[key] = (target.id, now)
+        self.session_counts[target.id] = self.session_counts.get(target.id, 0) + 1
+        while len(self.sessions) > self.max_sessions:
+            self._forget(next(iter(self.sessions)))
+        return target
+
+    def on_targets_removed(self, target_ids: Sequence[str]) -> None:
+        gone = set(target_ids)
+        for key in [k for k, (tid, _) in self.sessions.items() if tid in gone]:
+            self._forget(key)
+
+    def _least_loaded(self, candidates: Sequence[Target], tie: str) -> Target:
+        least = min(self.session_counts.get(t.id, 0) for t in candidates)
+        tied = [t for t in candidates if self.session_counts.get(t.id, 0) == least]
+        return max(tied, key=lambda t: (stable_hash64(f"{tie}:{t.id}"), t.id))
+
+    def _forget(self, key: str) -> None:
+        tid, _ = self.sessions.pop(key)
+        left = self.session_counts.get(tid, 0) - 1
+        if left > 0:
+            self.session_counts[tid] = left
+        else:
+            self.session_counts.pop(tid, None)
+
+    def _sweep(self, now: float) -> None:
+        """Drop expired sessions, at most once a minute (the oldest are first: the dict is in use order)."""
+        if now - self._last_sweep < _SWEEP_INTERVAL_SECS:
+            return
+        self._last_sweep = now
+        while self.sessions:
+            key, (_, last_use) = next(iter(self.sessions.items()))
+            if now - last_use < self.expiration:
+                break
+            self._forget(key)
+
+
+def _expiration_from_env() -> float:
+    raw = os.environ.get(SESSION_EXPIRATION_ENV)
+    if raw is None:
+        return DEFAULT_SESSION_EXPIRATION_SECS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{SESSION_EXPIRATION_ENV}={raw!r}: expected a positive number of seconds")
+    return value
 
 
 def cache_index_for(config: RouterConfig) -> CacheAwareIndex:
@@ -169,4 +272,6 @@ def build_policy(config: RouterConfig, cache_index: CacheAwareIndex | None = Non
             return PowerOfTwoPolicy()
         case PolicyName.CACHE_AWARE:
             return CacheAwarePolicy(cache_index or cache_index_for(config))
+        case PolicyName.STICKY_LEAST_LOADED:
+            return StickyLeastLoadedPolicy()
     raise ValueError(f"unknown policy {config.policy!r}")

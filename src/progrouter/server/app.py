@@ -17,11 +17,16 @@ from progrouter.config import BindingStrategy, Policy, RouterConfig
 from progrouter.routing.policies import build_policy, cache_index_for
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import expand_targets
+from progrouter.server.circuit_breaker import Breakers, BreakerState
+from progrouter.server.cors import install_cors
 from progrouter.server.errors import json_error, json_response
 from progrouter.server.gate import build_program_gate
 from progrouter.server.health import HealthChecker, HealthTracker
+from progrouter.server.limiter import InboundLimiter
 from progrouter.server.metrics import RouterMetrics
-from progrouter.server.proxy import handle_post
+from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, Proxy, handle_post
+from progrouter.server.request_id import install_request_ids
+from progrouter.server.retry import RetryPolicy
 from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
 
 log = logging.getLogger("progrouter.router")
@@ -155,6 +160,23 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.session.close()
 
 
+def _proxy(config: RouterConfig, metrics: RouterMetrics) -> Proxy:
+    def transition(worker: str, before: BreakerState, after: BreakerState) -> None:
+        metrics.cb_state.labels(worker).set(int(after))
+        metrics.cb_transitions.labels(worker, before.label, after.label).inc()
+        log.warning("circuit breaker of %s: %s -> %s", worker, before.label, after.label)
+
+    breakers = Breakers(
+        enabled=config.circuit_breaker_enabled,
+        failure_threshold=config.cb_failure_threshold,
+        success_threshold=config.cb_success_threshold,
+        timeout=config.cb_timeout_duration_secs,
+        window=config.cb_window_duration_secs,
+        on_transition=transition,
+    )
+    return Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config))
+
+
 def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -> web.Application:
     """The router as an aiohttp app; run it with ``handler_cancellation=True`` (see ``runner``)."""
     registry = registry if registry is not None else CollectorRegistry()
@@ -174,6 +196,12 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
     )
     app = web.Application(client_max_size=config.max_payload_size)
     app[STATE_KEY] = state
+    app[PROXY_KEY] = _proxy(config, state.metrics)
+    for target in targets:
+        state.metrics.cb_state.labels(target.id).set(0)
+    state.metrics.active_workers.set_function(lambda: len({t.base_url for t in state.candidates}))
+    install_request_ids(app, config.request_id_headers)
+    install_cors(app, config.cors_allowed_origins)
     app[REGISTRY_KEY] = registry
     app[CONFIG_KEY] = config
     app.router.add_get("/health", handle_health)
@@ -181,7 +209,8 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
     app.router.add_get("/liveness", handle_liveness)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/scheduling/diagnostics", handle_diagnostics)
-    app.router.add_post("/{tail:.*}", handle_post)
+    for route in sorted(PROXIED_ROUTES):
+        app.router.add_post(route, handle_post)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     app.cleanup_ctx.append(_lifecycle)
     return app

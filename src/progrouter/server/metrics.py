@@ -1,68 +1,164 @@
-"""Router metrics in a per-app registry (several routers can share one process, e.g. in tests).
+"""Router metrics: upstream vllm-router's ``vllm_router_*`` families, and our extras as ``progrouter_*``.
 
-Labels stay bounded: ``target`` is a configured target id (or ``none`` when the router answered itself),
-``route`` a known route or ``other``, ``status`` a class (2xx…5xx) or ``error`` (no response relayed).
+Names, types and labels are those a scrape of vllm-router 0.1.17 shows (``worker`` is a target id: the
+worker URL, with ``@rank`` under intra-node data parallelism; ``route`` is a proxied route; ``attempt`` the
+retry number), with upstream's meanings: ``requests_total`` and ``generate_duration_seconds`` count
+successful answers, ``request_errors_total`` answers that failed without retry (``error_type``:
+``non_retryable_error``, ``no_available_workers``, ``bad_request``, ``internal_error``), and
+``retries_exhausted_total`` requests whose last attempt still failed. ``progrouter_requests_total`` counts
+every answer by target, route and status class (or ``error`` when the client left first), so nothing is
+lost in the gap between those upstream families. Every label is bounded: target ids are configured, routes
+are an allow-list, the rest are enums. A registry per app lets several routers share a process (tests).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# Upstream exposes no ``*_created`` series; neither do we (a process-wide switch of prometheus_client).
+disable_created_metrics()
 
 NO_TARGET = "none"
-_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# Upstream's duration buckets (seconds), as a scrape of generate_duration_seconds shows them.
+DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+    180.0, 240.0,
+)  # fmt: skip
+_OUR_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
 
 
+def _counter(name: str, doc: str, labels: tuple[str, ...], registry: CollectorRegistry) -> Counter:
+    return Counter(name.removesuffix("_total"), doc, labels, registry=registry)
+
+
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests = Counter(
-            "progrouter_requests",
-            "Requests answered, by target, route and status class.",
-            ["target", "route", "status"],
-            registry=registry,
+        r = registry
+        # ----------------------------------------------------------------------- upstream: requests
+        self.requests_total = _counter(
+            "vllm_router_requests_total", "Successful requests by route", ("route",), r
         )
-        self.duration = Histogram(
-            "progrouter_request_duration_seconds",
-            "Time from request arrival to the end of the relayed response.",
-            ["target", "route"],
-            buckets=_BUCKETS,
-            registry=registry,
+        self.request_duration = Histogram(
+            "vllm_router_request_duration_seconds",
+            "Request duration by route, from arrival to the end of the answer",
+            ("route",),
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
-        self.upstream_errors = Counter(
-            "progrouter_upstream_errors",
-            "Attempts that got no usable answer from a worker (connection error, timeout, retryable status).",
-            ["target", "kind"],
-            registry=registry,
+        self.generate_duration = Histogram(
+            "vllm_router_generate_duration_seconds",
+            "Duration of successful requests",
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
-        self.retries = Counter("progrouter_retries", "Requests re-sent to another target.", registry=registry)
-        self.in_flight = Gauge(
-            "progrouter_in_flight_requests",
-            "Requests being forwarded, by target.",
-            ["target"],
-            registry=registry,
+        self.request_errors = _counter(
+            "vllm_router_request_errors_total", "Failed requests by route and error type",
+            ("route", "error_type"), r,
+        )  # fmt: skip
+        # ------------------------------------------------------------------------ upstream: retries
+        self.retries = _counter("vllm_router_retries_total", "Retry attempts by route", ("route",), r)
+        self.retries_exhausted = _counter(
+            "vllm_router_retries_exhausted_total", "Requests whose last attempt failed", ("route",), r
         )
+        self.retry_backoff = Histogram(
+            "vllm_router_retry_backoff_duration_seconds",
+            "Backoff before each retry, by retry number",
+            ("attempt",),
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        # ---------------------------------------------------------------- upstream: circuit breakers
+        self.cb_state = Gauge(
+            "vllm_router_cb_state", "Circuit breaker state (0 closed, 1 open, 2 half-open)", ("worker",),
+            registry=r,
+        )  # fmt: skip
+        self.cb_transitions = _counter(
+            "vllm_router_cb_state_transitions_total", "Circuit breaker transitions",
+            ("worker", "from", "to"), r,
+        )  # fmt: skip
+        self.cb_outcomes = _counter(
+            "vllm_router_cb_outcomes_total", "Attempt outcomes seen by the circuit breaker",
+            ("worker", "outcome"), r,
+        )  # fmt: skip
+        # ------------------------------------------------------------------------ upstream: workers
         self.worker_healthy = Gauge(
-            "progrouter_worker_healthy",
-            "1 if the worker passes health checks.",
-            ["worker"],
-            registry=registry,
+            "vllm_router_worker_health", "1 if the worker passes health checks", ("worker",), registry=r
         )
-        self._req_children: dict[tuple[str, str, str], Counter] = {}
-        self._dur_children: dict[tuple[str, str], Histogram] = {}
+        self.active_workers = Gauge("vllm_router_active_workers", "Healthy workers", registry=r)
+        self.worker_load = Gauge(
+            "vllm_router_worker_load", "Requests in flight on the worker", ("worker",), registry=r
+        )
+        self.running_requests = Gauge(
+            "vllm_router_running_requests", "Requests being forwarded to the worker", ("worker",), registry=r
+        )
+        self.processed_requests = _counter(
+            "vllm_router_processed_requests_total", "Attempts sent to the worker", ("worker",), r
+        )
+        # ------------------------------------------------------------------------- upstream: policies
+        self.policy_decisions = _counter(
+            "vllm_router_policy_decisions_total", "Routing decisions by policy and worker",
+            ("policy", "worker"), r,
+        )  # fmt: skip
+        self.cache_hits = _counter("vllm_router_cache_hits_total", "cache_aware prefix hits", (), r)
+        self.cache_misses = _counter("vllm_router_cache_misses_total", "cache_aware prefix misses", (), r)
+        self.tree_size = Gauge(
+            "vllm_router_tree_size", "cache_aware prefix tree characters per worker", ("worker",), registry=r
+        )
+        self.load_balancing_events = _counter(
+            "vllm_router_load_balancing_events_total", "cache_aware decisions made on load imbalance", (), r
+        )
+        self.max_load = Gauge("vllm_router_max_load", "Highest worker load at the last imbalance", registry=r)
+        self.min_load = Gauge("vllm_router_min_load", "Lowest worker load at the last imbalance", registry=r)
+        # ---------------------------------------------------------------------------------- ours
+        self.answers = _counter(
+            "progrouter_requests_total",
+            "Every answer by target, route and status class (error: the client left first)",
+            ("target", "route", "status"),
+            r,
+        )
+        self.answer_duration = Histogram(
+            "progrouter_request_duration_seconds",
+            "Time from request arrival to the end of the relayed response, by target and route.",
+            ("target", "route"),
+            buckets=_OUR_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = _counter(
+            "progrouter_upstream_errors_total",
+            "Attempts that got no usable answer (kind: connection, timeout, status)",
+            ("target", "kind"),
+            r,
+        )
+        self.inbound_rejections = _counter(
+            "progrouter_inbound_rejections_total",
+            "Requests refused by the inbound limit (reason: queue_full, queue_timeout)",
+            ("reason",),
+            r,
+        )
+        self._answer_children: dict[tuple[str, str, str], Counter] = {}
+        self._duration_children: dict[tuple[str, str], Histogram] = {}
+
+    def set_worker_health(self, worker: str, healthy: bool) -> None:
+        self.worker_healthy.labels(worker).set(1 if healthy else 0)
+
+    def set_active_workers(self, count: int) -> None:
+        self.active_workers.set(count)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
-        """One answered request; label children are cached because ``labels()`` is the slow part."""
+        """One answer to a client; label children are cached because ``labels()`` is the slow part."""
         key = (target, route, status)
-        counter = self._req_children.get(key)
+        counter = self._answer_children.get(key)
         if counter is None:
-            counter = self._req_children[key] = self.requests.labels(target, route, status)
+            counter = self._answer_children[key] = self.answers.labels(target, route, status)
         counter.inc()
         hkey = (target, route)
-        hist = self._dur_children.get(hkey)
+        hist = self._duration_children.get(hkey)
         if hist is None:
-            hist = self._dur_children[hkey] = self.duration.labels(target, route)
+            hist = self._duration_children[hkey] = self.answer_duration.labels(target, route)
         hist.observe(seconds)
+        self.request_duration.labels(route).observe(seconds)

@@ -1,23 +1,31 @@
-"""The POST proxy: pick a target (Program gate or native policy), forward, relay JSON or SSE.
+"""The proxy: pick a target (Program gate or native policy), forward, relay JSON or SSE, retry before bytes.
 
 Hot-path rules: the body is forwarded as the bytes received (never re-serialized) and parsed only when a
 JSON route must be validated or a policy or the gate reads it; SSE is relayed chunk by chunk as it arrives;
 a client disconnect cancels this handler (the server runs with ``handler_cancellation``), which closes the
 upstream connection so the worker aborts the request too.
 
-Retries: an attempt that got no usable answer (connection error, timeout before the response started, or a
-502/503/504 status) is retried on another target while ``retry_max_retries`` allows — never once a byte was
-relayed. A Program request is never moved by the proxy: its ticket is finished as failed and the gate is
-asked again (a fresh arrival), which decides where it goes.
+Only the inference routes of ``PROXIED_ROUTES`` are proxied (the app answers 404 to everything else), so
+a worker's admin surface (``/sleep``, ``/collective_rpc``, the emulator's ``/admin/fault`` …) is never
+reachable through the router.
+
+Retries: one loop serves both paths. An attempt that got no usable answer (connection error, timeout before
+the response started, or a status of ``retry.RETRYABLE_STATUSES``) is followed by another, after a backoff,
+while ``retry_max_retries`` attempts in all allow it — never once a byte was relayed; the last attempt's
+answer is relayed as it is. A native request goes back to its policy, which chooses among the available
+targets (healthy, circuit breaker not open), preferring workers not yet tried. A Program request is never
+moved by the proxy: its ticket is finished as failed (usage is charged only for the attempt whose answer
+is relayed) and the gate is asked again, a fresh arrival that decides where it goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -28,10 +36,15 @@ from multidict import CIMultiDict
 from progrouter.program.types import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
+from progrouter.server.circuit_breaker import Breakers
 from progrouter.server.errors import json_error
 from progrouter.server.gate import ProgramTicket
 from progrouter.server.headers import request_headers, response_headers
-from progrouter.server.metrics import NO_TARGET, status_class
+from progrouter.server.limiter import InboundLimiter, Rejected
+from progrouter.server.metrics import NO_TARGET, RouterMetrics, status_class
+from progrouter.server.request_id import HEADER as REQUEST_ID_HEADER
+from progrouter.server.request_id import REQUEST_ID
+from progrouter.server.retry import RetryPolicy, is_retryable
 from progrouter.server.state import STATE_KEY, RouterState
 
 log = logging.getLogger("progrouter.proxy")
@@ -47,13 +60,34 @@ JSON_ROUTES = frozenset(
         "/inference/v1/generate",
     }
 )
-KNOWN_ROUTES = JSON_ROUTES | {"/v1/embeddings", "/v1/score", "/v1/rerank", "/tokenize", "/detokenize"}
-RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# Every POST route the router forwards: vLLM's inference surface, and nothing that changes a worker's state.
+PROXIED_ROUTES = JSON_ROUTES | {
+    "/v1/embeddings",
+    "/v1/score",
+    "/score",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
+    "/pooling",
+    "/classify",
+    "/tokenize",
+    "/detokenize",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+}
 
 
-def route_label(path: str) -> str:
-    """A bounded metrics label: the route itself if known, else ``other``."""
-    return path if path in KNOWN_ROUTES else "other"
+@dataclass(eq=False)
+class Proxy:
+    """What the proxy keeps between requests: retry settings, circuit breakers, the inbound limiter."""
+
+    retry: RetryPolicy
+    breakers: Breakers
+    limiter: InboundLimiter
+    rng: random.Random = field(default_factory=random.Random)
+
+
+PROXY_KEY = web.AppKey("progrouter_proxy", Proxy)
 
 
 class AttemptFailed(Exception):
@@ -66,28 +100,48 @@ class AttemptFailed(Exception):
         self.connection = connection  # the worker itself is unreachable (so are its other Ranks)
 
 
+class Refused(Exception):
+    """No target for this attempt; ``retryable`` when a later attempt may find one."""
+
+    def __init__(self, status: int, message: str, error_type: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.retryable = retryable
+
+
 @dataclass(slots=True)
 class _Call:
     """One client request being proxied."""
 
     request: web.Request
     state: RouterState
+    proxy: Proxy
     route: str
     raw: bytes
     headers: CIMultiDict[str]
     started: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Relayed:
+    response: web.StreamResponse
+    success: bool  # a 2xx relayed in full
+    worker_ok: bool  # what the circuit breaker hears: the worker answered, and not with a server error
+
+
 def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
     return upstream.content_type == "text/event-stream" or upstream.content_length is None
 
 
-async def _forward(
-    call: _Call, target: Target, ticket: ProgramTicket | None, *, may_retry: bool
-) -> tuple[web.StreamResponse, bool]:
-    """Send ``call`` to ``target`` and relay the answer; (response, completed successfully).
+def _worker_ok(status: int) -> bool:
+    return status < 500 and not is_retryable(status)
 
-    Raises AttemptFailed when nothing reached the client and the attempt is worth repeating elsewhere.
+
+async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *, may_retry: bool) -> _Relayed:
+    """Send ``call`` to ``target`` and relay the answer.
+
+    Raises AttemptFailed when nothing reached the client and the attempt is worth repeating.
     """
     state = call.state
     session = state.session
@@ -109,14 +163,13 @@ async def _forward(
 
     relayed: web.StreamResponse | None = None
     complete = False
+    status = upstream.status
     try:
-        if may_retry and upstream.status in RETRYABLE_STATUSES:
+        if may_retry and is_retryable(status):
             metrics.upstream_errors.labels(target.id, "status").inc()
-            raise AttemptFailed(
-                upstream.status, f"worker {target.id} answered {upstream.status}", connection=False
-            )
+            raise AttemptFailed(status, f"worker {target.id} answered {status}", connection=False)
         if _is_stream(upstream):
-            relayed = web.StreamResponse(status=upstream.status, headers=response_headers(upstream.headers))
+            relayed = web.StreamResponse(status=status, headers=response_headers(upstream.headers))
             try:
                 await relayed.prepare(call.request)
                 async for chunk in upstream.content.iter_any():
@@ -126,20 +179,18 @@ async def _forward(
                 if ticket is not None:
                     # The worker's part is done and its usage is in: a client that hangs up after [DONE]
                     # (which cancels this handler in write_eof) must not turn the request into a failure.
-                    ticket.finish(200 <= upstream.status < 300)
+                    ticket.finish(200 <= status < 300)
                 await relayed.write_eof()
             except ConnectionResetError:  # the client went away mid-stream (not the worker's fault)
                 log.debug("client left during the stream from %s", target.id)
-                return relayed, False
+                return _Relayed(relayed, False, True)
         else:
             data = await upstream.read()
             if ticket is not None:
                 ticket.observe_json(data)
-            relayed = web.Response(
-                status=upstream.status, body=data, headers=response_headers(upstream.headers)
-            )
+            relayed = web.Response(status=status, body=data, headers=response_headers(upstream.headers))
         complete = True
-        return relayed, 200 <= upstream.status < 300
+        return _Relayed(relayed, 200 <= status < 300, _worker_ok(status))
     except (aiohttp.ClientError, TimeoutError) as exc:
         kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
         metrics.upstream_errors.labels(target.id, kind).inc()
@@ -150,7 +201,7 @@ async def _forward(
         log.warning("stream from %s broke off after the response started: %r", target.id, exc)
         if call.request.transport is not None:
             call.request.transport.close()
-        return relayed, False
+        return _Relayed(relayed, False, False)
     finally:
         if complete:
             upstream.release()
@@ -158,108 +209,171 @@ async def _forward(
             upstream.close()  # abandon the worker's connection: it sees the disconnect and aborts
 
 
-def _record(call: _Call, target_id: str, status: int | None) -> None:
+# ------------------------------------------------------------------------------------------ accounting
+def _record(call: _Call, target_id: str, status: int | None, error_type: str | None = None) -> None:
+    """One answer to the client (status None: the client left first), in every metric family that counts it.
+
+    ``error_type`` names a failure the router made itself; a worker's status is classed as upstream does.
+    """
     seconds = time.perf_counter() - call.started
-    call.state.metrics.observe(
-        target_id, call.route, "error" if status is None else status_class(status), seconds
-    )
+    metrics = call.state.metrics
+    metrics.observe(target_id, call.route, "error" if status is None else status_class(status), seconds)
+    if status is not None:
+        if 200 <= status < 300:
+            metrics.requests_total.labels(call.route).inc()
+            metrics.generate_duration.observe(seconds)
+        elif error_type is not None:
+            metrics.request_errors.labels(call.route, error_type).inc()
+        elif is_retryable(status):
+            metrics.retries_exhausted.labels(call.route).inc()
+        else:
+            metrics.request_errors.labels(call.route, "non_retryable_error").inc()
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
-            "%s %s -> %s %s %.1f ms",
-            call.request.method,
-            call.request.path,
-            target_id,
-            status,
-            seconds * 1e3,
+            "%s %s -> %s %s %.1f ms", call.request.method, call.request.path, target_id, status, seconds * 1e3
         )
 
 
-def _fail(call: _Call, status: int, message: str) -> web.Response:
-    _record(call, NO_TARGET, status)
+def _fail(call: _Call, status: int, message: str, error_type: str) -> web.Response:
+    _record(call, NO_TARGET, status, error_type)
     return json_error(status, message)
 
 
-async def _native(call: _Call, body: Mapping[str, Any] | None) -> web.StreamResponse:
-    state = call.state
-    retries = state.config.retry_max_retries
-    tried: set[str] = set()
-    dead_workers: set[str] = set()
-    routing = RoutingRequest(call.request.headers, body, call.raw)
-    last: AttemptFailed | None = None
-    for attempt in range(retries + 1):
-        candidates = state.candidates
-        if not candidates:
-            return _fail(call, 503, "no healthy workers are available")
-        pool = [t for t in candidates if t.id not in tried and t.base_url not in dead_workers] or [
-            t for t in candidates if t.id not in tried
-        ]
-        if not pool:
-            break
-        if attempt:
-            state.metrics.retries.inc()
-        target = state.policy.select(pool, routing)
-        tried.add(target.id)
-        in_flight = state.metrics.in_flight.labels(target.id)
-        state.policy.on_start(target)
-        in_flight.inc()
+# --------------------------------------------------------------------------------- choosing a target
+class _Native:
+    """Targets from the native policy, over the available targets, preferring workers not yet tried."""
+
+    def __init__(self, call: _Call, body: Mapping[str, Any] | None) -> None:
+        self.call = call
+        self.routing = RoutingRequest(call.request.headers, body, call.raw)
+        self.failed: set[str] = set()  # target ids
+        self.dead_workers: set[str] = set()
+
+    async def pick(self) -> tuple[Target, None]:
+        state, proxy = self.call.state, self.call.proxy
+        now = time.monotonic()
+        available = [t for t in state.candidates if proxy.breakers.allows(t.id, now)]
+        if not available:
+            message = "no healthy workers are available (all are unhealthy or their circuit is open)"
+            raise Refused(503, message, "no_available_workers", retryable=True)
+        fresh = [t for t in available if t.id not in self.failed and t.base_url not in self.dead_workers]
+        policy = state.policy
+        target = policy.select(fresh or available, self.routing)
+        _record_decision(state.metrics, policy.name, policy.last_decision, target)
+        if policy.name == "cache_aware":
+            _record_cache_aware(state, available)
+        return target, None
+
+    def attempt_failed(self, target: Target, failure: AttemptFailed) -> None:
+        self.failed.add(target.id)
+        if failure.connection:
+            self.dead_workers.add(target.base_url)
+
+
+class _Program:
+    """Targets from the Program gate: every attempt is a fresh arrival; the gate decides where it goes."""
+
+    def __init__(self, call: _Call, body: Mapping[str, Any] | None, first: ProgramTicket) -> None:
+        self.call = call
+        self.body = body
+        self.first: ProgramTicket | None = first
+
+    async def pick(self) -> tuple[Target, ProgramTicket]:
+        ticket, self.first = self.first, None
+        if ticket is None:
+            ticket = await _acquire(self.call, self.body)
+            if ticket is None:
+                message = "Program scheduling dropped the request"
+                raise Refused(503, message, "program_dropped", retryable=False)
+        return ticket.target, ticket
+
+    def attempt_failed(self, target: Target, failure: AttemptFailed) -> None:
+        """Nothing to remember: the scheduler hears the failure through the ticket."""
+
+
+async def _acquire(call: _Call, body: Mapping[str, Any] | None) -> ProgramTicket | None:
+    gate = call.state.gate
+    assert gate is not None
+    try:
+        headers = call.request.headers
+        return await gate.acquire(route=call.route, body=body, raw_body=call.raw, headers=headers)
+    except ScheduleError as exc:
+        raise Refused(exc.status, str(exc), "program_scheduling", retryable=False) from exc
+
+
+def _record_decision(metrics: RouterMetrics, policy: str, decision: str, target: Target) -> None:
+    metrics.policy_decisions.labels(policy, target.id).inc()
+    if decision == "cache_affinity":
+        metrics.cache_hits.inc()
+    elif decision:
+        metrics.cache_misses.inc()
+    if decision == "load_balance":
+        metrics.load_balancing_events.inc()
+
+
+def _record_cache_aware(state: RouterState, available: list[Target]) -> None:
+    metrics = state.metrics
+    loads = [state.policy.in_flight.get(t.id, 0) for t in available]
+    metrics.max_load.set(max(loads))
+    metrics.min_load.set(min(loads))
+    if state.cache_index is not None:
+        for t in available:
+            metrics.tree_size.labels(t.id).set(state.cache_index.size(t.id))
+
+
+# ------------------------------------------------------------------------------------ the retry loop
+async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse:
+    state, proxy = call.state, call.proxy
+    metrics = state.metrics
+    attempts = proxy.retry.attempts
+    last: AttemptFailed | Refused | None = None
+    for attempt in range(1, attempts + 1):
+        final = attempt == attempts
+        if attempt > 1:
+            delay = proxy.retry.backoff_seconds(attempt - 1, proxy.rng)
+            metrics.retries.labels(call.route).inc()
+            metrics.retry_backoff.labels(str(attempt - 1)).observe(delay)
+            await asyncio.sleep(delay)
         try:
-            response, _ok = await _forward(call, target, None, may_retry=attempt < retries)
-            _record(call, target.id, response.status)
-            return response
+            target, ticket = await chooser.pick()
+        except Refused as refused:
+            if not refused.retryable or final:
+                return _fail(call, refused.status, str(refused), refused.error_type)
+            last = refused
+            continue
+        relayed: _Relayed | None = None
+        worker_ok: bool | None = None
+        running = metrics.running_requests.labels(target.id)
+        load = metrics.worker_load.labels(target.id)
+        metrics.processed_requests.labels(target.id).inc()
+        state.policy.on_start(target)
+        running.inc()
+        load.inc()
+        try:
+            relayed = await _forward(call, target, ticket, may_retry=not final)
+            worker_ok = relayed.worker_ok
+            _record(call, target.id, relayed.response.status)
+            return relayed.response
         except asyncio.CancelledError:  # the client left: counted, with no status
             _record(call, target.id, None)
             raise
         except AttemptFailed as failed:
+            worker_ok = False
             last = failed
-            if failed.connection:
-                dead_workers.add(target.base_url)
-            log.info("attempt %d on %s failed: %s", attempt + 1, target.id, failed.cause)
+            chooser.attempt_failed(target, failed)
+            log.info("attempt %d of %d on %s failed: %s", attempt, attempts, target.id, failed.cause)
         finally:
-            in_flight.dec()
+            if ticket is not None:
+                ticket.finish(relayed is not None and relayed.success)
+            running.dec()
+            load.dec()
             state.policy.on_finish(target)
+            if worker_ok is not None:
+                metrics.cb_outcomes.labels(target.id, "success" if worker_ok else "failure").inc()
+                proxy.breakers.record(target.id, worker_ok, time.monotonic())
     assert last is not None
-    _record(call, NO_TARGET, last.status)
-    return json_error(last.status, last.cause)
-
-
-async def _program(call: _Call, body: Mapping[str, Any] | None) -> web.StreamResponse | None:
-    """The Program path; None when the request has no Program identity (route it natively)."""
-    state = call.state
-    gate = state.gate
-    assert gate is not None
-    retries = state.config.retry_max_retries
-    last: AttemptFailed | None = None
-    for attempt in range(retries + 1):
-        try:
-            ticket = await gate.acquire(
-                route=call.route, body=body, raw_body=call.raw, headers=call.request.headers
-            )
-        except ScheduleError as exc:
-            return _fail(call, exc.status, str(exc))
-        if ticket is None:
-            return None if attempt == 0 else _fail(call, 503, "Program scheduling dropped the request")
-        if attempt:
-            state.metrics.retries.inc()
-        target = ticket.target
-        success = False
-        in_flight = state.metrics.in_flight.labels(target.id)
-        state.policy.on_start(target)
-        in_flight.inc()
-        try:
-            response, success = await _forward(call, target, ticket, may_retry=attempt < retries)
-            _record(call, target.id, response.status)
-            return response
-        except asyncio.CancelledError:
-            _record(call, target.id, None)
-            raise
-        except AttemptFailed as failed:
-            last = failed
-            log.info("Program attempt %d on %s failed: %s", attempt + 1, target.id, failed.cause)
-        finally:
-            ticket.finish(success)
-            in_flight.dec()
-            state.policy.on_finish(target)
-    assert last is not None
+    if isinstance(last, Refused):
+        return _fail(call, last.status, str(last), last.error_type)
     _record(call, NO_TARGET, last.status)
     return json_error(last.status, last.cause)
 
@@ -269,41 +383,65 @@ _INVALID = object()
 
 async def handle_post(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    route = route_label(request.path)
-    call = _Call(request, state, route, b"", CIMultiDict(), time.perf_counter())
+    proxy = request.app[PROXY_KEY]
+    call = _Call(request, state, proxy, request.path, b"", CIMultiDict(), time.perf_counter())
     limit = state.config.max_payload_size
     if request.content_length is not None and request.content_length > limit:
-        return _fail(call, 413, f"request body exceeds the {limit}-byte limit")
+        return _fail(call, 413, f"request body exceeds the {limit}-byte limit", "payload_too_large")
+    try:
+        await proxy.limiter.acquire()
+    except Rejected as rejected:
+        state.metrics.inbound_rejections.labels(rejected.reason).inc()
+        response = _fail(call, rejected.status, str(rejected), rejected.reason)
+        if rejected.status == 429:
+            response.headers["Retry-After"] = "1"
+        return response
+    try:
+        return await _proxy(call)
+    finally:
+        proxy.limiter.release()
+
+
+async def _proxy(call: _Call) -> web.StreamResponse:
+    request, state = call.request, call.state
+    limit = state.config.max_payload_size
     try:
         call.raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return _fail(call, 413, f"request body exceeds the {limit}-byte limit")
+        return _fail(call, 413, f"request body exceeds the {limit}-byte limit", "payload_too_large")
 
     body: Mapping[str, Any] | None = None
-    json_route = route in JSON_ROUTES
+    json_route = call.route in JSON_ROUTES
     if json_route or state.policy.needs_body or state.gate is not None:
         try:
             parsed: Any = orjson.loads(call.raw)
         except orjson.JSONDecodeError as exc:
             if json_route:
-                return _fail(call, 400, f"malformed JSON body: {exc}")
+                return _fail(call, 400, f"malformed JSON body: {exc}", "bad_request")
             parsed = _INVALID
         if isinstance(parsed, dict):
             body = parsed
         elif json_route:
-            return _fail(call, 400, "request body must be a JSON object")
+            return _fail(call, 400, "request body must be a JSON object", "bad_request")
     call.headers = request_headers(
         request.headers, state.config.api_key, "application/json" if json_route else None
     )
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        call.headers[REQUEST_ID_HEADER] = request_id
 
     try:
+        chooser: _Native | _Program = _Native(call, body)
         if state.gate is not None:
-            response = await _program(call, body)
-            if response is not None:
-                return response
-        return await _native(call, body)
+            try:
+                first = await _acquire(call, body)
+            except Refused as refused:
+                return _fail(call, refused.status, str(refused), refused.error_type)
+            if first is not None:
+                chooser = _Program(call, body, first)
+        return await _relay(call, chooser)
     except asyncio.CancelledError:
         raise
     except Exception:  # nothing a request does may take the server down
         log.exception("unexpected error while proxying %s", request.path)
-        return _fail(call, 500, "internal router error")
+        return _fail(call, 500, "internal router error", "internal_error")

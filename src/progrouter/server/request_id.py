@@ -1,0 +1,77 @@
+"""Request ids: read from the client's headers or made up, echoed, forwarded, and on every log line.
+
+The id is the value of the first header of ``request_id_headers`` the request carries (upstream's default
+list: ``x-request-id``, ``x-correlation-id``, ``x-trace-id``, ``request-id``); without one, a new id of
+upstream's shape (``chatcmpl-``, ``cmpl-``, ``gnt-`` or ``req-`` by route, then 24 letters and digits).
+Every response answers it as ``X-Request-ID`` (streams too: it is added as the response is prepared); the
+proxy sends it on to the worker as ``X-Request-ID`` (upstream forwards only the client's own header); and
+it is held in a context variable that ``RequestIdFilter`` puts on log records, so every line logged while
+serving the request names it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import secrets
+import string
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from aiohttp import web
+
+DEFAULT_HEADERS: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+HEADER = "X-Request-ID"
+MAX_ID_CHARS = 256  # a longer client value is replaced, so logs and headers stay bounded
+_ALPHABET = string.ascii_letters + string.digits
+_PREFIXES = {
+    "/v1/chat/completions": "chatcmpl-",
+    "/v1/completions": "cmpl-",
+    "/generate": "gnt-",
+    "/inference/v1/generate": "gnt-",
+}
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("progrouter_request_id", default=None)
+_KEY = web.RequestKey("progrouter_request_id", str)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def new_request_id(path: str) -> str:
+    return _PREFIXES.get(path, "req-") + "".join(secrets.choice(_ALPHABET) for _ in range(24))
+
+
+def pick_request_id(headers: Mapping[str, str], names: Sequence[str], path: str) -> str:
+    """The first usable value among the headers ``names``, else a new id."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None and 0 < len(value) <= MAX_ID_CHARS and value.isprintable():
+            return value
+    return new_request_id(path)
+
+
+def install_request_ids(app: web.Application, names: Sequence[str] | None) -> None:
+    header_names = tuple(n.lower() for n in names) if names else DEFAULT_HEADERS
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        rid = request[_KEY] = pick_request_id(request.headers, header_names, request.path)
+        token = REQUEST_ID.set(rid)
+        try:
+            return await handler(request)
+        finally:
+            REQUEST_ID.reset(token)
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        rid = request.get(_KEY)
+        if rid is not None:
+            response.headers[HEADER] = rid
+
+    app.middlewares.append(middleware)
+    app.on_response_prepare.append(on_prepare)
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` (``-`` outside a request); attach it to a handler whose format uses it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = REQUEST_ID.get() or "-"
+        return True
