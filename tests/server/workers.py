@@ -2,7 +2,9 @@
 
 The request body's ``test_mode`` picks the behaviour: ``echo`` (default), ``sse`` (one chunk, then wait for
 ``release``, then the rest), ``slow`` (never answers), ``status:<code>``, ``break`` (one SSE chunk, then the
-connection drops).
+connection drops). A worker can also be scripted regardless of the body: ``script`` is a list of modes
+used up one per request (e.g. ``["status:500"] * 3`` fails the first three, ``"close"`` drops the
+connection without an answer), and ``mode`` is the mode once the script is used up.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class FakeWorker:
         self.release = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.health_checks = 0
+        self.script: list[str] = []
+        self.mode: str | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -57,6 +61,10 @@ class FakeWorker:
         except orjson.JSONDecodeError:
             body = None
         mode = body.get("test_mode", "echo") if isinstance(body, dict) else "echo"
+        if self.script:
+            mode = self.script.pop(0)
+        elif self.mode is not None:
+            mode = self.mode
         self.requests.append(
             {"path": request.path_qs, "headers": dict(request.headers), "raw": raw, "mode": mode}
         )
@@ -64,6 +72,10 @@ class FakeWorker:
         try:
             if mode == "slow":
                 await asyncio.sleep(3600)
+            if mode == "close":
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
             if mode.startswith("status:"):
                 code = int(mode.split(":")[1])
                 return web.json_response({"worker": self.name, "status": code}, status=code)

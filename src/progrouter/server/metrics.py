@@ -16,7 +16,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # Upstream exposes no ``*_created`` series; neither do we (a process-wide switch of prometheus_client).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 NO_TARGET = "none"
 # Upstream's duration buckets (seconds), as a scrape of generate_duration_seconds shows them.

@@ -1,0 +1,149 @@
+"""Circuit breaker per worker: the sans-I/O state machine on a fake clock, then the sequence over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from progrouter.server.circuit_breaker import Breakers, BreakerState, CircuitBreaker
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
+from .test_metrics import _samples
+
+
+def _breaker(seen: list[tuple[str, str]]) -> CircuitBreaker:
+    return CircuitBreaker(
+        "w",
+        failure_threshold=3,
+        success_threshold=2,
+        timeout=10.0,
+        window=5.0,
+        on_transition=lambda _w, a, b: seen.append((a.label, b.label)),
+    )
+
+
+def test_closed_open_half_open_closed() -> None:
+    seen: list[tuple[str, str]] = []
+    cb = _breaker(seen)
+    for t in (0.0, 1.0):
+        cb.record(False, t)
+    cb.record(True, 1.5)  # a success in between resets the count
+    for t in (2.0, 3.0):
+        cb.record(False, t)
+    assert cb.state is BreakerState.CLOSED and cb.allows(3.0)
+    cb.record(False, 4.0)
+    assert cb.state is BreakerState.OPEN and not cb.allows(13.9)
+    assert cb.allows(14.0) and cb.state is BreakerState.HALF_OPEN
+    cb.record(True, 14.1)
+    assert cb.state is BreakerState.HALF_OPEN
+    cb.record(True, 14.2)
+    assert cb.state is BreakerState.CLOSED
+    assert seen == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+def test_a_failure_in_half_open_reopens_and_restarts_the_timeout() -> None:
+    seen: list[tuple[str, str]] = []
+    cb = _breaker(seen)
+    for t in (0.0, 0.1, 0.2):
+        cb.record(False, t)
+    assert cb.allows(10.2)
+    cb.record(False, 10.3)
+    assert cb.state is BreakerState.OPEN and not cb.allows(20.2) and cb.allows(20.3)
+    assert seen == [("closed", "open"), ("open", "half_open"), ("half_open", "open"), ("open", "half_open")]
+
+
+def test_failures_further_apart_than_the_window_do_not_add_up() -> None:
+    cb = _breaker([])
+    for t in (0.0, 6.0, 12.0, 18.0):
+        cb.record(False, t)
+    assert cb.state is BreakerState.CLOSED
+    for t in (20.0, 21.0):
+        cb.record(False, t)
+    assert cb.state is BreakerState.OPEN  # 18, 20, 21: three within 5 s of each other
+
+
+def test_disabled_breakers_always_allow() -> None:
+    breakers = Breakers(enabled=False, failure_threshold=1, success_threshold=1, timeout=60, window=60)
+    for t in range(5):
+        breakers.record("w", False, float(t))
+    assert breakers.allows("w", 5.0)
+
+
+async def _states(
+    client: aiohttp.ClientSession, metrics_url: str, worker: str
+) -> tuple[float, dict[str, float]]:
+    async with client.get(metrics_url) as resp:
+        text = await resp.text()
+    state = _samples(text, "vllm_router_cb_state")[(("worker", worker),)]
+    transitions = {
+        f"{dict(k)['from']}->{dict(k)['to']}": v
+        for k, v in _samples(text, "vllm_router_cb_state_transitions_total").items()
+        if dict(k)["worker"] == worker
+    }
+    return state, transitions
+
+
+async def test_open_half_open_closed_over_loopback(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    bad, good = await make_worker(), await make_worker()
+    bad.script = ["status:500"] * 3
+    router = await make_router(
+        [bad.url, good.url],
+        disable_retries=True,
+        cb_failure_threshold=2,
+        cb_success_threshold=1,
+        cb_timeout_duration_secs=0.3,
+        prometheus_port=0,
+    )
+    assert router.metrics_url is not None
+    url = router.url + "/v1/completions"
+
+    async def post() -> int:
+        async with client.post(url, json={"prompt": "x"}) as resp:
+            await resp.read()
+            return resp.status
+
+    statuses = [await post() for _ in range(4)]  # round robin: each worker twice; bad's second opens it
+    assert sorted(statuses) == [200, 200, 500, 500]
+    assert await _states(client, router.metrics_url, bad.url) == (1.0, {"closed->open": 1})
+    for _ in range(4):  # open: skipped by selection
+        assert await post() == 200
+    assert len(bad.requests) == 2
+
+    async def until_bad_is_tried() -> None:
+        while len(bad.requests) < 3:
+            assert await post() in (200, 500)
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(until_bad_is_tried(), timeout=5)  # half-open probe fails: open again
+    state, transitions = await _states(client, router.metrics_url, bad.url)
+    assert state == 1.0 and transitions["half_open->open"] == 1
+
+    async def until_closed() -> None:
+        while (await _states(client, router.metrics_url, bad.url))[0] != 0.0:
+            assert await post() == 200
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(until_closed(), timeout=5)  # the next probe succeeds: closed
+    _, transitions = await _states(client, router.metrics_url, bad.url)
+    expected = {"closed->open": 1, "open->half_open": 2, "half_open->open": 1, "half_open->closed": 1}
+    assert transitions == expected
+
+
+async def test_all_circuits_open_is_503(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    worker.mode = "status:500"
+    router = await make_router(
+        [worker.url], retry_max_retries=2, retry_initial_backoff_ms=1, cb_failure_threshold=2
+    )
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 500  # two failed attempts: the last one is relayed, and the circuit opens
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 503
+        assert "circuit is open" in (await resp.json())["error"]["message"]
+    assert len(worker.requests) == 2

@@ -1,0 +1,92 @@
+"""The inbound limit: token bucket (fake clock), then 429 / queue / 408 over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from progrouter.server.limiter import TokenBucket
+from progrouter.server.proxy import PROXY_KEY
+from progrouter.server.runner import RunningRouter
+from support.factories import RouterFactory
+
+from .conftest import WorkerFactory
+
+
+def test_token_bucket_takes_gives_back_and_refills() -> None:
+    bucket = TokenBucket(capacity=2, rate=4.0, now=0.0)
+    assert bucket.take(0.0) and bucket.take(0.0) and not bucket.take(0.0)
+    assert bucket.seconds_until_token(0.0) == 0.25
+    assert not bucket.take(0.2) and bucket.take(0.25)
+    bucket.give_back(0.25)
+    bucket.give_back(0.25)
+    bucket.give_back(10.0)
+    assert bucket.tokens == 2  # never above capacity
+
+
+async def _held(client: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
+    """A streamed request the worker holds until its ``release`` event is set."""
+    return await client.post(url + "/v1/completions", json={"test_mode": "sse"})
+
+
+async def test_full_without_queue_is_429_with_retry_after(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router(
+        [worker.url], max_concurrent_requests=1, queue_size=0, rate_limit_tokens_per_second=1
+    )
+    first = await _held(client, router.url)
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 429
+        assert resp.headers["Retry-After"] == "1"
+        assert (await resp.json())["error"]["code"] == 429
+    async with client.get(router.url + "/health") as resp:
+        assert resp.status == 200  # the limit covers proxied routes only
+    worker.release.set()
+    assert (await first.read()).endswith(b"[DONE]\n\n")
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 200  # the token came back
+    assert len(worker.requests) == 2
+
+
+ONE_SLOT_ONE_PLACE = {"max_concurrent_requests": 1, "queue_size": 1, "rate_limit_tokens_per_second": 1}
+
+
+async def _queued(router: RunningRouter, n: int) -> None:
+    limiter = router.app[PROXY_KEY].limiter
+    while limiter.waiting != n:
+        await asyncio.sleep(0.005)
+
+
+async def test_a_queued_request_times_out_with_408(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], queue_timeout_secs=0.2, **ONE_SLOT_ONE_PLACE)
+    first = await _held(client, router.url)
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 408
+        assert "queue" in (await resp.json())["error"]["message"]
+    assert router.app[PROXY_KEY].limiter.waiting == 0
+    worker.release.set()
+    await first.read()
+    assert len(worker.requests) == 1
+
+
+async def test_a_queued_request_runs_when_a_token_comes_back_and_a_full_queue_is_429(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], queue_timeout_secs=30, **ONE_SLOT_ONE_PLACE)
+    first = await _held(client, router.url)
+    waiting = asyncio.create_task(client.post(router.url + "/v1/completions", json={}))
+    await asyncio.wait_for(_queued(router, 1), timeout=5)
+    async with client.post(router.url + "/v1/completions", json={}) as resp:
+        assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+    worker.release.set()
+    await first.read()
+    async with await asyncio.wait_for(waiting, timeout=5) as resp:
+        assert resp.status == 200
+    assert len(worker.requests) == 2
