@@ -50,9 +50,17 @@ def test_transitions_gauges_counters_and_histograms_record() -> None:
     assert value(registry, PREFIX + "shared_prefix_observed_tokens_bucket", target=T, le="128.0") == 0
     assert value(registry, PREFIX + "shared_prefix_observed_tokens_bucket", target=T, le="256.0") == 1
     assert value(registry, PREFIX + "shared_prefix_observed_tokens_bucket", target=T, le="1.048576e+06") == 1
-    obs.histogram("queue_wait_seconds", 300.0, target=T)
-    assert value(registry, PREFIX + "queue_wait_seconds_bucket", target=T, le="240.0") == 0
-    assert value(registry, PREFIX + "queue_wait_seconds_bucket", target=T, le="+Inf") == 1
+    # queue_wait_seconds is a summary with quantiles, as a scrape of upstream's wheel shows it
+    for wait in (0.1, 0.3, 300.0):
+        obs.histogram("queue_wait_seconds", wait, target=T)
+    assert value(registry, PREFIX + "queue_wait_seconds_count", target=T) == 3
+    assert value(registry, PREFIX + "queue_wait_seconds_sum", target=T) == pytest.approx(300.4)
+    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="0.0") == 0.1
+    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="0.5") == 0.3
+    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="1.0") == 300.0
+    assert value(registry, PREFIX + "queue_wait_seconds_bucket", target=T, le="+Inf") is None
+    text = generate_latest(registry).decode()
+    assert f"# TYPE {PREFIX}queue_wait_seconds summary" in text
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from progrouter.program.observer import LogLevel
+from progrouter.server.quantiles import QuantileSummary
 
 PREFIX = "vllm_router_agent_aware_"
 
@@ -65,7 +66,7 @@ _POOL = ("model_pool", "endpoint")
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
-    kind: str  # gauge | counter | histogram
+    kind: str  # gauge | counter | histogram | summary (a histogram upstream's exporter renders as a summary)
     help: str
     labels: tuple[str, ...]
     buckets: tuple[float, ...] = ()
@@ -80,7 +81,7 @@ METRICS: Mapping[str, MetricSpec] = {
         "counter", "Committed Program scheduling transitions by target and reason", ("target", "reason")
     ),
     "queue_wait_seconds": MetricSpec(
-        "histogram", "Time retained in the Program RequestPool before dispatch", _T, DURATION_BUCKETS
+        "summary", "Time retained in the Program RequestPool before dispatch", _T
     ),
     "fitted_ttl_seconds": MetricSpec("gauge", "Representative fitted acting TTL by target", _T),
     "context_growth_tokens": MetricSpec("gauge", "Rolling mean Program context growth by target", _T),
@@ -187,13 +188,15 @@ class PrometheusObserver:
     ) -> None:
         self.strict = "pytest" in sys.modules if strict is None else strict
         self.log = logger or logging.getLogger("progrouter.program")
-        self._metrics: dict[str, Gauge | Counter | Histogram] = {}
+        self._metrics: dict[str, Gauge | Counter | Histogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
         for name, spec in METRICS.items():
             full = PREFIX + name
-            metric: Gauge | Counter | Histogram
-            if spec.kind == "gauge":
+            metric: Gauge | Counter | Histogram | QuantileSummary
+            if spec.kind == "summary":
+                metric = QuantileSummary(full, spec.help, spec.labels, registry)
+            elif spec.kind == "gauge":
                 metric = Gauge(full, spec.help, spec.labels, registry=registry)
                 self._gauge_series[name] = set()
             elif spec.kind == "counter":
@@ -210,8 +213,11 @@ class PrometheusObserver:
         values = self._resolve(name, "histogram", labels)
         if values is not None:
             metric = self._metrics[name]
-            assert isinstance(metric, Histogram)
-            metric.labels(*values).observe(value)
+            if isinstance(metric, QuantileSummary):
+                metric.observe(values, value)
+            else:
+                assert isinstance(metric, Histogram)
+                metric.labels(*values).observe(value)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
         values = self._resolve(name, "gauge", labels)
@@ -246,6 +252,7 @@ class PrometheusObserver:
             if index is None:
                 continue
             metric = self._metrics[name]
+            assert isinstance(metric, Gauge)
             for values in [v for v in series if v[index] == target]:
                 metric.remove(*values)
                 series.discard(values)
@@ -253,7 +260,7 @@ class PrometheusObserver:
     # -------------------------------------------------------------------------------------------- checks
     def _resolve(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         spec = METRICS.get(name)
-        if spec is None or spec.kind != kind:
+        if spec is None or ("histogram" if spec.kind == "summary" else spec.kind) != kind:
             self._unknown(f"{kind} {name!r}")
             return None
         if set(labels) != set(spec.labels):
