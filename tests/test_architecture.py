@@ -32,8 +32,13 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+# Sans-I/O pieces of the router shell: decisions on explicit times, no sockets, no clocks of their own.
+SERVER_CORES = ("retry.py", "circuit_breaker.py")
+
+
 def _core_files() -> list[Path]:
-    files = sorted((SRC / "program").glob("*.py"))
+    files = sorted((SRC / "program").glob("*.py")) + sorted((SRC / "routing").glob("*.py"))
+    files += [SRC / "server" / name for name in SERVER_CORES]
     files += [p for p in sorted((SRC / "engine").glob("*.py")) if p.name not in ENGINE_SHELL]
     return files
 

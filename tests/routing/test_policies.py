@@ -116,9 +116,11 @@ def test_cache_aware_falls_back_to_the_session_header_without_text() -> None:
     assert all(policy.select(TARGETS, req) == first for _ in range(5))
 
 
-@pytest.mark.parametrize("name", ["random", "round_robin", "consistent_hash", "power_of_two", "cache_aware"])
+@pytest.mark.parametrize(
+    "name", ["random", "round_robin", "consistent_hash", "power_of_two", "cache_aware", "sticky_least_loaded"]
+)
 def test_build_policy_by_name(name: str) -> None:
-    policy = build_policy(RouterConfig(worker_urls=["http://a:1"], policy=name))
+    policy = build_policy(RouterConfig(worker_urls=["http://a:1"], policy=name), clock=lambda: 0.0)
     assert policy.name == name
     assert policy.select(TARGETS[:1], EMPTY) == TARGETS[0]
 

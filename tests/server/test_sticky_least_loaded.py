@@ -7,7 +7,7 @@ from collections import Counter
 import aiohttp
 import pytest
 
-from progrouter.routing.policies import RoutingRequest, StickyLeastLoadedPolicy
+from progrouter.routing.policies import RoutingRequest, StickyLeastLoadedPolicy, session_expiration
 from progrouter.routing.target import expand_targets
 from support.factories import RouterFactory
 
@@ -29,7 +29,7 @@ class Clock:
 
 
 def test_new_sessions_spread_and_stay() -> None:
-    policy = StickyLeastLoadedPolicy(expiration=100)
+    policy = StickyLeastLoadedPolicy(expiration=100, clock=Clock())
     first = {f"s{i}": policy.select(TARGETS, _session(f"s{i}")).id for i in range(6)}
     assert Counter(first.values()) == {t.id: 2 for t in TARGETS}  # least sessions first
     for _ in range(3):
@@ -38,7 +38,7 @@ def test_new_sessions_spread_and_stay() -> None:
 
 
 def test_body_fields_are_sessions_and_stateless_requests_are_not_remembered() -> None:
-    policy = StickyLeastLoadedPolicy(expiration=100)
+    policy = StickyLeastLoadedPolicy(expiration=100, clock=Clock())
     by_user = RoutingRequest({}, {"user": "u1", "prompt": "x"}, b"{}")
     chosen = policy.select(TARGETS, by_user)
     assert all(policy.select(TARGETS, by_user) == chosen for _ in range(5))
@@ -50,7 +50,7 @@ def test_body_fields_are_sessions_and_stateless_requests_are_not_remembered() ->
 
 
 def test_a_session_whose_target_left_is_placed_again() -> None:
-    policy = StickyLeastLoadedPolicy(expiration=100)
+    policy = StickyLeastLoadedPolicy(expiration=100, clock=Clock())
     home = policy.select(TARGETS, _session("s"))
     rest = [t for t in TARGETS if t != home]
     moved = policy.select(rest, _session("s"))
@@ -73,12 +73,12 @@ def test_sessions_expire_and_are_bounded() -> None:
     assert [k.rsplit(":", 1)[1] for k in policy.sessions] == ["s4", "s5"]
 
 
-def test_the_expiration_comes_from_upstreams_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S", "30")
-    assert StickyLeastLoadedPolicy().expiration == 30
-    monkeypatch.setenv("VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S", "soon")
-    with pytest.raises(ValueError, match="VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"):
-        StickyLeastLoadedPolicy()
+def test_the_expiration_comes_from_upstreams_variable() -> None:
+    assert session_expiration({}) == 7200
+    assert session_expiration({"VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S": "30"}) == 30
+    for bad in ("soon", "0", "-5"):
+        with pytest.raises(ValueError, match="VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"):
+            session_expiration({"VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S": bad})
 
 
 async def test_sticky_least_loaded_over_loopback(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -171,13 +170,10 @@ class StickyLeastLoadedPolicy(RoutingPolicy):
     needs_body = True
 
     def __init__(
-        self,
-        expiration: float | None = None,
-        max_sessions: int = MAX_STICKY_SESSIONS,
-        clock: Callable[[], float] = time.monotonic,
+        self, expiration: float, clock: Callable[[], float], max_sessions: int = MAX_STICKY_SESSIONS
     ) -> None:
         super().__init__()
-        self.expiration = expiration if expiration is not None else _expiration_from_env()
+        self.expiration = expiration
         self.max_sessions = max_sessions
         self._clock = clock
         self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (target id, last use)
@@ -236,8 +232,9 @@ class StickyLeastLoadedPolicy(RoutingPolicy):
             self._forget(key)
 
 
-def _expiration_from_env() -> float:
-    raw = os.environ.get(SESSION_EXPIRATION_ENV)
+def session_expiration(environ: Mapping[str, str]) -> float:
+    """Upstream's ``$VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``, else 2 h; a bad value is an error."""
+    raw = environ.get(SESSION_EXPIRATION_ENV)
     if raw is None:
         return DEFAULT_SESSION_EXPIRATION_SECS
     try:
@@ -259,8 +256,15 @@ def cache_index_for(config: RouterConfig) -> CacheAwareIndex:
     )
 
 
-def build_policy(config: RouterConfig, cache_index: CacheAwareIndex | None = None) -> RoutingPolicy:
-    """The policy named by ``config.policy``; cache_aware uses ``cache_index`` when given (shared)."""
+def build_policy(
+    config: RouterConfig,
+    cache_index: CacheAwareIndex | None = None,
+    clock: Callable[[], float] | None = None,
+) -> RoutingPolicy:
+    """The policy named by ``config.policy``; cache_aware uses ``cache_index`` when given (shared).
+
+    ``clock`` (monotonic seconds) is needed by sticky_least_loaded, whose sessions expire.
+    """
     match config.policy:
         case PolicyName.RANDOM:
             return RandomPolicy()
@@ -273,5 +277,7 @@ def build_policy(config: RouterConfig, cache_index: CacheAwareIndex | None = Non
         case PolicyName.CACHE_AWARE:
             return CacheAwarePolicy(cache_index or cache_index_for(config))
         case PolicyName.STICKY_LEAST_LOADED:
-            return StickyLeastLoadedPolicy()
+            if clock is None:
+                raise ValueError("sticky_least_loaded needs a clock")
+            return StickyLeastLoadedPolicy(session_expiration(os.environ), clock)
     raise ValueError(f"unknown policy {config.policy!r}")

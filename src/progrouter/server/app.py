@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -185,7 +186,7 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
     state = RouterState(
         config=config,
         targets=targets,
-        policy=build_policy(config, cache_index),
+        policy=build_policy(config, cache_index, time.monotonic),
         metrics=RouterMetrics(registry),
         health=HealthTracker(
             sorted({t.base_url for t in targets}),

@@ -86,6 +86,7 @@ class RouterMetrics:
             ("worker", "outcome"), r,
         )  # fmt: skip
         # ------------------------------------------------------------------------ upstream: workers
+        # set by RouterState.refresh_candidates; active_workers is a function of the candidates (app.py)
         self.worker_healthy = Gauge(
             "vllm_router_worker_health", "1 if the worker passes health checks", ("worker",), registry=r
         )
@@ -142,12 +143,6 @@ class RouterMetrics:
         )
         self._answer_children: dict[tuple[str, str, str], Counter] = {}
         self._duration_children: dict[tuple[str, str], Histogram] = {}
-
-    def set_worker_health(self, worker: str, healthy: bool) -> None:
-        self.worker_healthy.labels(worker).set(1 if healthy else 0)
-
-    def set_active_workers(self, count: int) -> None:
-        self.active_workers.set(count)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
         """One answer to a client; label children are cached because ``labels()`` is the slow part."""
