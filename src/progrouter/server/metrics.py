@@ -13,12 +13,15 @@ are an allow-list, the rest are enums. A registry per app lets several routers s
 
 from __future__ import annotations
 
+from typing import Any, TypeVar, cast
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # Upstream exposes no ``*_created`` series; neither do we (a process-wide switch of prometheus_client).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 NO_TARGET = "none"
+M = TypeVar("M", Counter, Gauge, Histogram)
 # Upstream's duration buckets (seconds), as a scrape of generate_duration_seconds shows them.
 DURATION_BUCKETS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0,
@@ -141,19 +144,18 @@ class RouterMetrics:
             ("reason",),
             r,
         )
-        self._answer_children: dict[tuple[str, str, str], Counter] = {}
-        self._duration_children: dict[tuple[str, str], Histogram] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: M, *labels: str) -> M:
+        """``metric.labels(*labels)``, cached: ``labels()`` is the slow part of a hot-path update."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return cast(M, found)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
-        """One answer to a client; label children are cached because ``labels()`` is the slow part."""
-        key = (target, route, status)
-        counter = self._answer_children.get(key)
-        if counter is None:
-            counter = self._answer_children[key] = self.answers.labels(target, route, status)
-        counter.inc()
-        hkey = (target, route)
-        hist = self._duration_children.get(hkey)
-        if hist is None:
-            hist = self._duration_children[hkey] = self.answer_duration.labels(target, route)
-        hist.observe(seconds)
-        self.request_duration.labels(route).observe(seconds)
+        """One answer to a client."""
+        self.child(self.answers, target, route, status).inc()
+        self.child(self.answer_duration, target, route).observe(seconds)
+        self.child(self.request_duration, route).observe(seconds)

@@ -220,14 +220,14 @@ def _record(call: _Call, target_id: str, status: int | None, error_type: str | N
     metrics.observe(target_id, call.route, "error" if status is None else status_class(status), seconds)
     if status is not None:
         if 200 <= status < 300:
-            metrics.requests_total.labels(call.route).inc()
+            metrics.child(metrics.requests_total, call.route).inc()
             metrics.generate_duration.observe(seconds)
         elif error_type is not None:
-            metrics.request_errors.labels(call.route, error_type).inc()
+            metrics.child(metrics.request_errors, call.route, error_type).inc()
         elif is_retryable(status):
-            metrics.retries_exhausted.labels(call.route).inc()
+            metrics.child(metrics.retries_exhausted, call.route).inc()
         else:
-            metrics.request_errors.labels(call.route, "non_retryable_error").inc()
+            metrics.child(metrics.request_errors, call.route, "non_retryable_error").inc()
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "%s %s -> %s %s %.1f ms", call.request.method, call.request.path, target_id, status, seconds * 1e3
@@ -302,7 +302,7 @@ async def _acquire(call: _Call, body: Mapping[str, Any] | None) -> ProgramTicket
 
 
 def _record_decision(metrics: RouterMetrics, policy: str, decision: str, target: Target) -> None:
-    metrics.policy_decisions.labels(policy, target.id).inc()
+    metrics.child(metrics.policy_decisions, policy, target.id).inc()
     if decision == "cache_affinity":
         metrics.cache_hits.inc()
     elif decision:
@@ -343,9 +343,9 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
             continue
         relayed: _Relayed | None = None
         worker_ok: bool | None = None
-        running = metrics.running_requests.labels(target.id)
-        load = metrics.worker_load.labels(target.id)
-        metrics.processed_requests.labels(target.id).inc()
+        running = metrics.child(metrics.running_requests, target.id)
+        load = metrics.child(metrics.worker_load, target.id)
+        metrics.child(metrics.processed_requests, target.id).inc()
         state.policy.on_start(target)
         running.inc()
         load.inc()
@@ -369,7 +369,7 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
             load.dec()
             state.policy.on_finish(target)
             if worker_ok is not None:
-                metrics.cb_outcomes.labels(target.id, "success" if worker_ok else "failure").inc()
+                metrics.child(metrics.cb_outcomes, target.id, "success" if worker_ok else "failure").inc()
                 proxy.breakers.record(target.id, worker_ok, time.monotonic())
     assert last is not None
     if isinstance(last, Refused):
