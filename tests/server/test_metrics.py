@@ -92,3 +92,26 @@ async def test_metrics_can_be_disabled(make_worker: WorkerFactory, make_router: 
     worker = await make_worker()
     router = await make_router([worker.url], prometheus_port=None)
     assert router.metrics_url is None
+
+
+async def test_cache_aware_hits_misses_and_tree_size(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    w0, w1 = await make_worker(), await make_worker()
+    router = await make_router([w0.url, w1.url], policy="cache_aware", prometheus_port=0)
+    assert router.metrics_url is not None
+    prompt = "the same long conversation prefix " * 4
+    for _ in range(3):
+        async with client.post(router.url + "/v1/completions", json={"prompt": prompt}) as resp:
+            assert resp.status == 200
+    async with client.get(router.metrics_url) as resp:
+        text = await resp.text()
+    assert _samples(text, "vllm_router_cache_misses_total") == {(): 1}  # the first sight of the prompt
+    assert _samples(text, "vllm_router_cache_hits_total") == {(): 2}
+    chosen, other = (w0.url, w1.url) if w0.requests else (w1.url, w0.url)
+    sizes = _samples(text, "vllm_router_tree_size")  # characters each worker holds, as of the last choice
+    assert sizes == {(("worker", chosen),): len(prompt), (("worker", other),): 0}
+    assert _samples(text, "vllm_router_policy_decisions_total") == {
+        (("policy", "cache_aware"), ("worker", chosen)): 3
+    }
+    assert _samples(text, "vllm_router_max_load") == {(): 0.0}

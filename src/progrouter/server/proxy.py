@@ -318,7 +318,7 @@ def _record_cache_aware(state: RouterState, available: list[Target]) -> None:
     metrics.min_load.set(min(loads))
     if state.cache_index is not None:
         for t in available:
-            metrics.tree_size.labels(t.id).set(state.cache_index.size(t.id))
+            metrics.child(metrics.tree_size, t.id).set(state.cache_index.size(t.id))
 
 
 # ------------------------------------------------------------------------------------ the retry loop
@@ -331,8 +331,8 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
         final = attempt == attempts
         if attempt > 1:
             delay = proxy.retry.backoff_seconds(attempt - 1, proxy.rng)
-            metrics.retries.labels(call.route).inc()
-            metrics.retry_backoff.labels(str(attempt - 1)).observe(delay)
+            metrics.child(metrics.retries, call.route).inc()
+            metrics.child(metrics.retry_backoff, str(attempt - 1)).observe(delay)
             await asyncio.sleep(delay)
         try:
             target, ticket = await chooser.pick()
