@@ -6,11 +6,13 @@ import asyncio
 
 import aiohttp
 
+from progrouter.config import ProgramSchedulingConfig
 from progrouter.server.circuit_breaker import Breakers, BreakerState, CircuitBreaker
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory
 from .test_metrics import _samples
+from .test_program_path import _diagnostics, _in_flight, _program_body
 
 
 def _breaker(seen: list[tuple[str, str]]) -> CircuitBreaker:
@@ -147,3 +149,38 @@ async def test_all_circuits_open_is_503(
         assert resp.status == 503
         assert "circuit is open" in (await resp.json())["error"]["message"]
     assert len(worker.requests) == 2
+
+
+async def test_an_open_circuit_fails_its_programs_over_and_half_open_offers_the_target_again(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    w0, w1 = await make_worker(), await make_worker()
+    router = await make_router(
+        [w0.url, w1.url],
+        disable_retries=True,
+        cb_failure_threshold=2,
+        cb_timeout_duration_secs=0.5,
+        program_scheduling=ProgramSchedulingConfig(),
+    )
+    url = router.url + "/v1/chat/completions"
+
+    async def post() -> tuple[int, str]:
+        async with client.post(url, json=_program_body("task-cb")) as resp:
+            await resp.read()
+            return resp.status, resp.headers.get("X-Worker", "")
+
+    status, home = await post()
+    assert status == 200
+    bad, good = (w0, w1) if home == "w0" else (w1, w0)
+    bad.mode = "status:500"
+    assert [(await post())[0] for _ in range(2)] == [500, 500]  # the second failure opens bad's circuit
+    assert await post() == (200, good.name)  # the Program failed over
+    targets = {rank["target_id"] for rank in (await _diagnostics(client, router.url))["ranks"]}
+    assert bad.url not in targets
+
+    async def offered_again() -> None:
+        while bad.url not in {r["target_id"] for r in (await _diagnostics(client, router.url))["ranks"]}:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(offered_again(), timeout=5)  # half-open: a candidate for placement again
+    assert _in_flight(await _diagnostics(client, router.url)) == 0

@@ -161,11 +161,33 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.session.close()
 
 
-def _proxy(config: RouterConfig, metrics: RouterMetrics) -> Proxy:
+def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
+    """The proxy's retry settings, breakers and limiter; breaker changes also reach the Program gate.
+
+    Program placement uses available targets only (healthy, circuit not open), as upstream's scheduler
+    does: a circuit that opens fails its Programs over, and the target is offered again once the open
+    timeout has passed (half-open).
+    """
+    metrics = state.metrics
+    offering = False
+
+    def offer_program_targets() -> None:
+        nonlocal offering
+        if state.gate is None or offering:
+            return
+        offering = True  # judging availability may itself turn an open breaker half-open
+        try:
+            state.gate.set_healthy_targets(proxy.available(state.candidates, time.monotonic()))
+        finally:
+            offering = False
+
     def transition(worker: str, before: BreakerState, after: BreakerState) -> None:
         metrics.cb_state.labels(worker).set(int(after))
         metrics.cb_transitions.labels(worker, before.label, after.label).inc()
         log.warning("circuit breaker of %s: %s -> %s", worker, before.label, after.label)
+        offer_program_targets()
+        if after is BreakerState.OPEN and state.gate is not None:
+            asyncio.get_running_loop().call_later(config.cb_timeout_duration_secs, offer_program_targets)
 
     breakers = Breakers(
         enabled=config.circuit_breaker_enabled,
@@ -175,7 +197,8 @@ def _proxy(config: RouterConfig, metrics: RouterMetrics) -> Proxy:
         window=config.cb_window_duration_secs,
         on_transition=transition,
     )
-    return Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config))
+    proxy = Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config))
+    return proxy
 
 
 def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -> web.Application:
@@ -197,7 +220,7 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
     )
     app = web.Application(client_max_size=config.max_payload_size)
     app[STATE_KEY] = state
-    app[PROXY_KEY] = _proxy(config, state.metrics)
+    app[PROXY_KEY] = _proxy(config, state)
     for target in targets:
         state.metrics.cb_state.labels(target.id).set(0)
     state.metrics.active_workers.set_function(lambda: len({t.base_url for t in state.candidates}))

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,10 @@ class Proxy:
     breakers: Breakers
     limiter: InboundLimiter
     rng: random.Random = field(default_factory=random.Random)
+
+    def available(self, candidates: Sequence[Target], now: float) -> list[Target]:
+        """The healthy targets whose circuit is not open: where native and Program requests may go."""
+        return [t for t in candidates if self.breakers.allows(t.id, now)]
 
 
 PROXY_KEY = web.AppKey("progrouter_proxy", Proxy)
@@ -251,8 +255,7 @@ class _Native:
 
     async def pick(self) -> tuple[Target, None]:
         state, proxy = self.call.state, self.call.proxy
-        now = time.monotonic()
-        available = [t for t in state.candidates if proxy.breakers.allows(t.id, now)]
+        available = proxy.available(state.candidates, time.monotonic())
         if not available:
             message = "no healthy workers are available (all are unhealthy or their circuit is open)"
             raise Refused(503, message, "no_available_workers", retryable=True)
