@@ -25,7 +25,7 @@ from progrouter.server.gate import build_program_gate
 from progrouter.server.health import HealthChecker, HealthTracker
 from progrouter.server.limiter import InboundLimiter
 from progrouter.server.metrics import RouterMetrics
-from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, Proxy, handle_post
+from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
 from progrouter.server.request_id import install_request_ids
 from progrouter.server.retry import RetryPolicy
 from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
@@ -136,7 +136,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         warning = config.program_scheduling.reference_calibration_warning()
         if warning is not None:
             _log_calibration_warning(warning)
-        state.gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
+        gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
+        state.gate = AvailableTargetsGate(gate, app[PROXY_KEY])
     state.refresh_candidates()
     if state.gate is not None:
         await state.gate.start()
@@ -177,7 +178,7 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
             return
         offering = True  # judging availability may itself turn an open breaker half-open
         try:
-            state.gate.set_healthy_targets(proxy.available(state.candidates, time.monotonic()))
+            state.gate.set_healthy_targets(state.candidates)  # an AvailableTargetsGate: it filters
         finally:
             offering = False
 

@@ -38,7 +38,7 @@ from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.server.circuit_breaker import Breakers
 from progrouter.server.errors import json_error
-from progrouter.server.gate import ProgramTicket
+from progrouter.server.gate import ProgramGate, ProgramTicket
 from progrouter.server.headers import request_headers, response_headers
 from progrouter.server.limiter import InboundLimiter, Rejected
 from progrouter.server.metrics import NO_TARGET, RouterMetrics, status_class
@@ -92,6 +92,32 @@ class Proxy:
 
 
 PROXY_KEY = web.AppKey("progrouter_proxy", Proxy)
+
+
+class AvailableTargetsGate:
+    """The Program gate, told of available targets only (healthy and circuit not open), as upstream's
+    scheduler sees them; everything else passes through unchanged."""
+
+    def __init__(self, gate: ProgramGate, proxy: Proxy) -> None:
+        self._gate = gate
+        self._proxy = proxy
+
+    async def start(self) -> None:
+        await self._gate.start()
+
+    async def stop(self) -> None:
+        await self._gate.stop()
+
+    def set_healthy_targets(self, targets: Sequence[Target]) -> None:
+        self._gate.set_healthy_targets(self._proxy.available(targets, time.monotonic()))
+
+    async def acquire(
+        self, *, route: str, body: Mapping[str, Any] | None, raw_body: bytes, headers: Mapping[str, str]
+    ) -> ProgramTicket | None:
+        return await self._gate.acquire(route=route, body=body, raw_body=raw_body, headers=headers)
+
+    def diagnostics(self) -> dict[str, Any]:
+        return self._gate.diagnostics()
 
 
 class AttemptFailed(Exception):
