@@ -55,9 +55,9 @@ def test_transitions_gauges_counters_and_histograms_record() -> None:
         obs.histogram("queue_wait_seconds", wait, target=T)
     assert value(registry, PREFIX + "queue_wait_seconds_count", target=T) == 3
     assert value(registry, PREFIX + "queue_wait_seconds_sum", target=T) == pytest.approx(300.4)
-    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="0.0") == 0.1
+    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="0") == 0.1
     assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="0.5") == 0.3
-    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="1.0") == 300.0
+    assert value(registry, PREFIX + "queue_wait_seconds", target=T, quantile="1") == 300.0
     assert value(registry, PREFIX + "queue_wait_seconds_bucket", target=T, le="+Inf") is None
     text = generate_latest(registry).decode()
     assert f"# TYPE {PREFIX}queue_wait_seconds summary" in text

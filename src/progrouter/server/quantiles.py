@@ -1,10 +1,11 @@
 """A Prometheus summary with quantiles, as upstream's Rust exporter renders a histogram without buckets.
 
 prometheus_client's ``Summary`` exposes only ``_sum`` and ``_count``; upstream's scrape of
-``vllm_router_agent_aware_queue_wait_seconds`` shows ``quantile`` series (0, 0.5, 0.9, 0.95, 0.99, 0.999,
-1) as well. This collector keeps, per label set, the cumulative sum and count and the last ``window``
-observations, and computes the quantiles (nearest rank) over those at scrape time: bounded memory, and
-quantiles that follow recent behaviour rather than the whole life of the process.
+``vllm_router_agent_aware_queue_wait_seconds`` shows ``quantile`` series as well, labelled 0, 0.5, 0.9,
+0.95, 0.99, 0.999 and 1 (written so: PromQL compares label values as strings). This collector keeps, per
+label set, the cumulative sum and count and the last ``window`` observations, and computes the quantiles
+(nearest rank) over those at scrape time: bounded memory, and quantiles that follow recent behaviour
+rather than the whole life of the process.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class QuantileSummary(Collector):
             ordered = sorted(series.recent)
             for q in QUANTILES:
                 rank = max(0, math.ceil(q * len(ordered)) - 1)
-                metric.add_sample(self.name, {**labels, "quantile": str(q)}, ordered[rank])
+                metric.add_sample(self.name, {**labels, "quantile": f"{q:g}"}, ordered[rank])
             metric.add_sample(self.name + "_sum", labels, series.total)
             metric.add_sample(self.name + "_count", labels, float(series.count))
         yield metric
