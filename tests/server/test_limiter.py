@@ -12,6 +12,7 @@ from progrouter.server.runner import RunningRouter
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory
+from .test_metrics import _samples
 
 
 def test_token_bucket_takes_gives_back_and_refills() -> None:
@@ -25,6 +26,9 @@ def test_token_bucket_takes_gives_back_and_refills() -> None:
     assert bucket.tokens == 2  # never above capacity
 
 
+ONE_SLOT = {"max_concurrent_requests": 1, "rate_limit_tokens_per_second": 1}
+
+
 async def _held(client: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
     """A streamed request the worker holds until its ``release`` event is set."""
     return await client.post(url + "/v1/completions", json={"test_mode": "sse"})
@@ -34,9 +38,7 @@ async def test_full_without_queue_is_429_with_retry_after(
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     worker = await make_worker()
-    router = await make_router(
-        [worker.url], max_concurrent_requests=1, queue_size=0, rate_limit_tokens_per_second=1
-    )
+    router = await make_router([worker.url], queue_size=0, prometheus_port=0, **ONE_SLOT)
     first = await _held(client, router.url)
     async with client.post(router.url + "/v1/completions", json={}) as resp:
         assert resp.status == 429
@@ -49,9 +51,12 @@ async def test_full_without_queue_is_429_with_retry_after(
     async with client.post(router.url + "/v1/completions", json={}) as resp:
         assert resp.status == 200  # the token came back
     assert len(worker.requests) == 2
-
-
-ONE_SLOT_ONE_PLACE = {"max_concurrent_requests": 1, "queue_size": 1, "rate_limit_tokens_per_second": 1}
+    assert router.metrics_url is not None
+    async with client.get(router.metrics_url) as resp:
+        text = await resp.text()
+    assert _samples(text, "progrouter_inbound_rejections_total") == {(("reason", "queue_full"),): 1}
+    errors = _samples(text, "vllm_router_request_errors_total")
+    assert errors == {(("error_type", "queue_full"), ("route", "/v1/completions")): 1}
 
 
 async def _queued(router: RunningRouter, n: int) -> None:
@@ -64,7 +69,7 @@ async def test_a_queued_request_times_out_with_408(
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     worker = await make_worker()
-    router = await make_router([worker.url], queue_timeout_secs=0.2, **ONE_SLOT_ONE_PLACE)
+    router = await make_router([worker.url], queue_timeout_secs=0.2, queue_size=1, **ONE_SLOT)
     first = await _held(client, router.url)
     async with client.post(router.url + "/v1/completions", json={}) as resp:
         assert resp.status == 408
@@ -79,7 +84,7 @@ async def test_a_queued_request_runs_when_a_token_comes_back_and_a_full_queue_is
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     worker = await make_worker()
-    router = await make_router([worker.url], queue_timeout_secs=30, **ONE_SLOT_ONE_PLACE)
+    router = await make_router([worker.url], queue_timeout_secs=30, queue_size=1, **ONE_SLOT)
     first = await _held(client, router.url)
     waiting = asyncio.create_task(client.post(router.url + "/v1/completions", json={}))
     await asyncio.wait_for(_queued(router, 1), timeout=5)

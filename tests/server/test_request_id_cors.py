@@ -36,6 +36,9 @@ async def test_request_id_is_read_in_order_echoed_and_forwarded(
             rid = resp.headers["X-Request-ID"]
         assert re.fullmatch(re.escape(prefix) + "[A-Za-z0-9]{24}", rid)
         assert worker.requests[-1]["headers"]["X-Request-ID"] == rid
+    for unusable in ("x" * 257, "a\tb"):  # too long, or a control character: replaced, never echoed
+        async with client.post(router.url + "/tokenize", json={}, headers={"x-request-id": unusable}) as resp:
+            assert resp.headers["X-Request-ID"].startswith("req-")
     async with client.get(router.url + "/health", headers={"x-request-id": "H1"}) as resp:
         assert resp.headers["X-Request-ID"] == "H1"  # the router's own answers too
     async with client.post(router.url + "/nope", headers={"x-request-id": "N1"}) as resp:
