@@ -106,6 +106,22 @@ async def test_a_program_request_is_retried_through_the_gate_and_its_ticket_fini
     assert sum(rank["rolling"]["request_samples"] for rank in diagnostics["ranks"]) == 1
 
 
+async def test_a_program_stream_that_broke_after_its_first_byte_is_not_retried(
+    make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router(
+        [worker.url], retry_max_retries=3, program_scheduling=ProgramSchedulingConfig(), **FAST
+    )
+    body = _program_body("task-s", test_mode="break")
+    async with client.post(router.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    assert len(worker.requests) == 1
+    assert _in_flight(await _diagnostics(client, router.url)) == 0
+
+
 def test_backoff_grows_by_the_multiplier_up_to_the_cap_within_the_jitter() -> None:
     policy = RetryPolicy(attempts=6, initial_backoff_ms=50, max_backoff_ms=120, multiplier=1.5, jitter=0.0)
     rng = random.Random(0)
