@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from progrouter.server.metrics import RouterMetrics
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory
@@ -115,3 +117,19 @@ async def test_cache_aware_hits_misses_and_tree_size(
         (("policy", "cache_aware"), ("worker", chosen)): 3
     }
     assert _samples(text, "vllm_router_max_load") == {(): 0.0}
+
+
+def test_forgetting_a_worker_drops_its_gauges_until_it_is_seen_again() -> None:
+    metrics = RouterMetrics(CollectorRegistry())
+    for worker in ("http://a:1", "http://b:1"):
+        metrics.child(metrics.running_requests, worker).inc()
+        metrics.worker_healthy.labels(worker).set(1)
+        metrics.child(metrics.processed_requests, worker).inc()
+    metrics.forget_worker("http://a:1")
+    text = generate_latest(metrics.registry).decode()
+    assert _samples(text, "vllm_router_running_requests") == {(("worker", "http://b:1"),): 1.0}
+    assert _samples(text, "vllm_router_worker_health") == {(("worker", "http://b:1"),): 1.0}
+    assert len(_samples(text, "vllm_router_processed_requests_total")) == 2  # counters keep their history
+    metrics.child(metrics.running_requests, "http://a:1").inc()  # added again: a fresh, visible series
+    text = generate_latest(metrics.registry).decode()
+    assert _samples(text, "vllm_router_running_requests")[(("worker", "http://a:1"),)] == 1.0

@@ -13,6 +13,7 @@ are an allow-list, the rest are enums. A registry per app lets several routers s
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -153,6 +154,17 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return cast(M, found)
+
+    def forget_worker(self, worker: str) -> None:
+        """A target left the configuration: drop its gauge series, so they do not report stale values
+        forever, and their cached children, so a target added again later is visible again.
+        Counters and histograms keep their history."""
+        gauges = (self.cb_state, self.worker_healthy, self.worker_load, self.running_requests, self.tree_size)
+        for gauge in gauges:
+            with contextlib.suppress(KeyError):
+                gauge.remove(worker)
+        ids = {id(g) for g in gauges}
+        self._children = {k: v for k, v in self._children.items() if not (k[0] in ids and k[1] == (worker,))}
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
         """One answer to a client."""
