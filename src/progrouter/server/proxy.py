@@ -292,9 +292,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
             body = parsed
         elif json_route:
             return _fail(call, 400, "request body must be a JSON object")
-    call.headers = request_headers(
-        request.headers, state.config.api_key, "application/json" if json_route else None
-    )
+    call.headers = request_headers(request.headers, "application/json" if json_route else None)
 
     try:
         if state.gate is not None:
