@@ -37,14 +37,17 @@ CHAT_BODIES: dict[str, bytes] = {
     "JSON number": b"42",
     "JSON null": b"null",
     "JSON true": b"true",
-    "invalid UTF-8": b'{"model": "emu", "messages": [{"role": "user", "content": "\xff\xfe' + MARK_PROMPT.encode()
+    "invalid UTF-8": b'{"model": "emu", "messages": [{"role": "user", "content": "\xff\xfe'
+    + MARK_PROMPT.encode()
     + b'"}]}',
     "NUL byte in the JSON": b'{"model": "emu",\x00 "messages": []}',
     "trailing garbage": json.dumps(_chat()).encode() + b" garbage",
-    "10,000-deep JSON": ('{"model": "emu", "messages": [{"role": "user", "content": ' + _deep_json(10_000) + "}]}")
-    .encode(),
-    "1,000-deep content": ('{"model": "emu", "messages": [{"role": "user", "content": ' + _deep_json(1000) + "}]}")
-    .encode(),
+    "10,000-deep JSON": (
+        '{"model": "emu", "messages": [{"role": "user", "content": ' + _deep_json(10_000) + "}]}"
+    ).encode(),
+    "1,000-deep content": (
+        '{"model": "emu", "messages": [{"role": "user", "content": ' + _deep_json(1000) + "}]}"
+    ).encode(),
     "messages is a string": json.dumps(_chat(messages=MARK_PROMPT)).encode(),
     "messages holds a number": json.dumps(_chat(messages=[1])).encode(),
     "content is a number": json.dumps(_chat(messages=[{"role": "user", "content": 5}])).encode(),
@@ -71,7 +74,9 @@ CHAT_BODIES: dict[str, bytes] = {
     "context: program_id empty": _ctx({"program_id": ""}),
     "context: kv_retention_ttl text": _ctx({"program_id": MARK_PROGRAM, "kv_retention_ttl": "long"}),
     "context: kv_retention_ttl negative": _ctx({"program_id": MARK_PROGRAM, "kv_retention_ttl": -1}),
-    "context: kv_retention_ttl a list": _ctx(json.dumps({"program_id": MARK_PROGRAM, "kv_retention_ttl": [1]})),
+    "context: kv_retention_ttl a list": _ctx(
+        json.dumps({"program_id": MARK_PROGRAM, "kv_retention_ttl": [1]})
+    ),
     "context: 10,000-deep string form": _ctx('{"program_id": ' + _deep_json(10_000) + "}"),
     "context: 1,000-deep object form": json.dumps(_chat())[:-1].encode()
     + b', "vllm_xargs": {"agentic_context": {"program_id": '

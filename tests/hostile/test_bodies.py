@@ -25,14 +25,21 @@ def worker_or_router_error(reply: Reply) -> str:
 @pytest.mark.parametrize("policy", ["round_robin", "cache_aware"])
 @pytest.mark.parametrize("name", sorted(CHAT_BODIES))
 async def test_bad_chat_body_is_refused_without_state_change(
-    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession, name: str, policy: str
+    make_engine: EngineFactory,
+    make_router: RouterFactory,
+    client: aiohttp.ClientSession,
+    name: str,
+    policy: str,
 ) -> None:
     engine = await make_engine()
     program = {**PROGRAM, "binding_strategy": policy if policy == "cache_aware" else "consistent_hash"}
     router: RunningRouter = await make_router([engine.url], program, policy=policy, max_payload_size=4 << 20)
     before = await diagnostics(client, router)
     reply = await json_post(
-        client, router.url + "/v1/chat/completions", CHAT_BODIES[name], headers={"Content-Type": "application/json"}
+        client,
+        router.url + "/v1/chat/completions",
+        CHAT_BODIES[name],
+        headers={"Content-Type": "application/json"},
     )
     worker_or_router_error(reply)
     assert await diagnostics(client, router) == before

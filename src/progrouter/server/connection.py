@@ -44,6 +44,7 @@ from progrouter.server.errors import json_error, raw_error
 log = logging.getLogger("progrouter.edge")
 
 _TOO_MANY_HEADERS = "Too many headers received"
+LINGER_SECS = 2.0
 BAD_FRAMING = "the request body does not match its Content-Length or Transfer-Encoding"
 
 
@@ -82,22 +83,38 @@ class ConnectionGuard:
         self.header_timeout = config.client_header_timeout_secs
         self.keepalive_timeout = config.client_keepalive_timeout_secs
         self.max_connections = config.max_client_connections
+        # After a refusal with the body unread, what the client still sends is read and dropped for this long
+        # (so it can read the refusal) before the connection closes.
+        self.lingering_time = min(LINGER_SECS, config.client_body_timeout_secs)
         self.open = 0
 
     def protocol(self, server: web.Server, loop: asyncio.AbstractEventLoop) -> GuardedHandler:
+        backstop = self.keepalive_timeout + self.header_timeout  # never before the handler's own deadlines
         return GuardedHandler(
-            server, self, loop=loop, access_log=None, keepalive_timeout=self.keepalive_timeout
+            server,
+            self,
+            loop=loop,
+            access_log=None,
+            keepalive_timeout=backstop,
+            lingering_time=self.lingering_time,
         )
 
 
 class GuardedHandler(RequestHandler):
-    """aiohttp's per-connection protocol, with the head deadline, the connection bound and JSON errors."""
+    """aiohttp's per-connection protocol, with the idle and head deadlines, the bound and JSON errors.
+
+    One timer: while the connection waits for a request it is the idle deadline (close quietly); from the
+    first byte of a head it is the head deadline (408); while a request is being answered there is none.
+    aiohttp's own keep-alive timer stays as a backstop set past both.
+    """
 
     def __init__(self, server: web.Server, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self._guard = guard
         self._counted = False
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._head_started = False
+        self._closing = False
         self._unanswered = 0  # request heads parsed whose responses are not finished
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,12 +125,13 @@ class GuardedHandler(RequestHandler):
             return
         guard.open += 1
         self._counted = True
+        self._wait_for_head()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._counted:
             self._counted = False
             self._guard.open -= 1
-        self._cancel_head_timer()
+        self._set_deadline(None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -122,10 +140,10 @@ class GuardedHandler(RequestHandler):
         heads = self._request_count - before
         if heads:
             self._unanswered += heads
-            self._cancel_head_timer()
-        elif data and self._unanswered == 0 and self._head_timer is None:
-            # The first bytes of a head: it must be complete within the deadline.
-            self._head_timer = self._loop.call_later(self._guard.header_timeout, self._head_too_slow)
+            self._set_deadline(None)
+        elif data and self._unanswered == 0 and not self._head_started and not self._closing:
+            self._head_started = True
+            self._set_deadline(self._guard.header_timeout)
 
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -134,6 +152,11 @@ class GuardedHandler(RequestHandler):
             return await super().finish_response(request, resp, start_time)
         finally:
             self._unanswered = max(0, self._unanswered - 1)
+            if not resp.keep_alive:  # the connection ends after aiohttp's bounded lingering read
+                self._closing = True
+                self._set_deadline(None)
+            elif self._unanswered == 0:
+                self._wait_for_head()
 
     def handle_error(
         self,
@@ -157,15 +180,23 @@ class GuardedHandler(RequestHandler):
             log.debug("refused a malformed request: %d %s", code, reason)
         return json_error(code, reason, close=True)
 
-    def _head_too_slow(self) -> None:
-        self._head_timer = None
-        if self._unanswered == 0:
-            self._refuse(408, f"the request head was not complete within {self._guard.header_timeout:g} s")
+    def _wait_for_head(self) -> None:
+        self._head_started = False
+        self._set_deadline(self._guard.keepalive_timeout)
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _set_deadline(self, seconds: float | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = None if seconds is None else self._loop.call_later(seconds, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if self._unanswered:
+            return
+        if self._head_started:
+            self._refuse(408, f"the request head was not complete within {self._guard.header_timeout:g} s")
+        else:
+            self.force_close()  # idle: nothing to answer
 
     def _refuse(self, status: int, reason: str) -> None:
         """Answer before any request exists, then close."""
