@@ -44,7 +44,11 @@ def draw(strategy: st.SearchStrategy[Any], n: int = EXAMPLES) -> list[Any]:
     out: list[Any] = []
 
     @settings(
-        max_examples=n, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+        max_examples=n,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
     )
     @given(strategy)
     def collect(value: Any) -> None:
@@ -57,7 +61,9 @@ def draw(strategy: st.SearchStrategy[Any], n: int = EXAMPLES) -> list[Any]:
 @st.composite
 def bad_context(draw_: st.DrawFn) -> bytes:
     """A chat body whose agentic_context has one identity field of a type no identifier may have."""
-    context = draw_(st.dictionaries(st.sampled_from(IDENTITY_KEYS), st.text(min_size=1, max_size=10), max_size=3))
+    context = draw_(
+        st.dictionaries(st.sampled_from(IDENTITY_KEYS), st.text(min_size=1, max_size=10), max_size=3)
+    )
     context[draw_(st.sampled_from(IDENTITY_KEYS))] = draw_(not_an_identifier)
     form = draw_(st.sampled_from(["string", "object"]))
     value: Any = json.dumps(context) if form == "string" else context
@@ -98,7 +104,9 @@ async def _check_each(
     await assert_alive(client, router)
 
 
-async def test_generated_non_objects_are_400(program_router: RunningRouter, client: aiohttp.ClientSession) -> None:
+async def test_generated_non_objects_are_400(
+    program_router: RunningRouter, client: aiohttp.ClientSession
+) -> None:
     await _check_each(client, program_router, draw(not_json_objects), status=400)
 
 
@@ -114,7 +122,9 @@ async def test_generated_wrong_message_types_are_4xx(
     await _check_each(client, program_router, draw(wrong_messages))
 
 
-async def test_generated_split_headers_are_400(program_router: RunningRouter, client: aiohttp.ClientSession) -> None:
+async def test_generated_split_headers_are_400(
+    program_router: RunningRouter, client: aiohttp.ClientSession
+) -> None:
     before = await diagnostics(client, program_router)
     body = b'{"model": "emu", "prompt": "x", "max_tokens": 2}'
     for header in draw(split_header):
