@@ -60,8 +60,10 @@ def draw(strategy: st.SearchStrategy[Any], n: int = EXAMPLES) -> list[Any]:
 
 @st.composite
 def bad_context(draw_: st.DrawFn) -> bytes:
-    """A chat body whose agentic_context has one identity field of a type no identifier may have."""
-    context = draw_(
+    """A chat body whose agentic_context names a Program and has one identity field of a type no identifier
+    may have (without a Program id a context is no identity at all, and the request is routed natively)."""
+    context = {"program_id": "generated"}
+    context |= draw_(
         st.dictionaries(st.sampled_from(IDENTITY_KEYS), st.text(min_size=1, max_size=10), max_size=3)
     )
     context[draw_(st.sampled_from(IDENTITY_KEYS))] = draw_(not_an_identifier)
@@ -98,6 +100,7 @@ async def _check_each(
         reply = await json_post(
             client, router.url + "/v1/chat/completions", body, headers={"Content-Type": "application/json"}
         )
+        assert 400 <= reply.status < 500, (body, reply)
         worker_or_router_error(reply)
         assert status is None or reply.status == status, (body, reply)
     assert await diagnostics(client, router) == before
