@@ -38,8 +38,8 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from progrouter.config import RouterConfig
-from progrouter.server import log_hygiene
 from progrouter.server.errors import json_error, raw_error
+from progrouter.server.log_hygiene import install_aiohttp_log_filter
 
 log = logging.getLogger("progrouter.edge")
 
@@ -79,7 +79,7 @@ class ConnectionGuard:
     """The limits of one listening socket, and the count of its open connections."""
 
     def __init__(self, config: RouterConfig) -> None:
-        log_hygiene.install()  # aiohttp logs the bytes it could not parse; strip them before any listener
+        install_aiohttp_log_filter()  # aiohttp logs the bytes it could not parse: strip them first
         self.header_timeout = config.client_header_timeout_secs
         self.keepalive_timeout = config.client_keepalive_timeout_secs
         self.max_connections = config.max_client_connections
@@ -233,13 +233,16 @@ def read_body(config: RouterConfig) -> Middleware:
     """The middleware that reads each request body whole within ``client_body_timeout_secs``.
 
     Handlers then get the body from ``request.read()`` at once. Too slow: 408; too large: 413; framing the
-    parser refuses mid-body: 400 — each closes the connection, whose rest of the body is never read.
+    parser refuses mid-body: 400 — each closes the connection after the bounded lingering read.
     """
     timeout = config.client_body_timeout_secs
     limit = config.max_payload_size
+    too_large = f"request body exceeds the {limit}-byte limit"
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (request.content_length or 0) > limit:  # refused on its declared length, before reading any of it
+            return json_error(413, too_large, close=True)
         if request.body_exists:
             try:
                 async with asyncio.timeout(timeout):
@@ -247,7 +250,7 @@ def read_body(config: RouterConfig) -> Middleware:
             except TimeoutError:
                 return json_error(408, f"the request body was not complete within {timeout:g} s", close=True)
             except web.HTTPRequestEntityTooLarge:
-                return json_error(413, f"request body exceeds the {limit}-byte limit", close=True)
+                return json_error(413, too_large, close=True)
             except RequestPayloadError:
                 return json_error(400, BAD_FRAMING, close=True)
         return await handler(request)

@@ -33,7 +33,7 @@ class ClientBytesFilter(logging.Filter):
 _FILTER = ClientBytesFilter()
 
 
-def install() -> None:
+def install_aiohttp_log_filter() -> None:
     """Attach the filter to aiohttp's loggers (once; the loggers are process-wide)."""
     for name in AIOHTTP_LOGGERS:
         logger = logging.getLogger(name)
