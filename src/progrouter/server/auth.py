@@ -8,7 +8,8 @@ Three classes of route:
 - **client**: everything else — a client key when any is set.
 
 With no key configured the router is open, as upstream is. Keys are bearer tokens compared in constant time
-(``hmac.compare_digest`` against every key, so the time taken does not say which key came close).
+(``hmac.compare_digest`` of SHA-256 digests against every key, so the time taken says neither which key came
+close nor how long one is).
 
 The worker key (``api_key``) is never lent to a caller the router has not authenticated. On an open router a
 proxied request carries the client's own ``Authorization`` unchanged (upstream does the same, and sends its
@@ -18,6 +19,7 @@ credential, so it is replaced by ``Bearer <api_key>``, or removed when no worker
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from dataclasses import dataclass
 from enum import Enum
@@ -59,27 +61,33 @@ def route_access(path: str) -> Access:
     return Access.CLIENT
 
 
+def _digest(key: str) -> bytes:
+    """Keys are compared as SHA-256 digests: equal lengths, so the comparison time says nothing of a key's."""
+    return hashlib.sha256(key.encode()).digest()
+
+
 def _matches(token: bytes, keys: tuple[bytes, ...]) -> bool:
     found = False
-    for key in keys:
+    for key in keys:  # every key, always: which one matched (or came close) does not show in the time taken
         found |= hmac.compare_digest(token, key)
     return found
 
 
 def _bearer(header: str | None) -> bytes | None:
+    """The digest of the bearer token in ``header`` (None when there is no bearer token)."""
     if header is None:
         return None
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
-    return token.strip().encode()
+    return _digest(token.strip())
 
 
 @dataclass(frozen=True, slots=True)
 class AccessPolicy:
     """The keys the edge checks, built once from the config."""
 
-    client_keys: tuple[bytes, ...]
+    client_keys: tuple[bytes, ...]  # SHA-256 digests
     admin_keys: tuple[bytes, ...]
     worker_authorization: str | None
 
@@ -88,8 +96,8 @@ class AccessPolicy:
         keys = list(config.client_api_keys)
         if config.client_api_keys_file is not None:
             keys += read_keys_file(config.client_api_keys_file)
-        client = tuple(dict.fromkeys(k.encode() for k in keys))
-        admin = (config.admin_api_key.encode(),) if config.admin_api_key is not None else client
+        client = tuple(dict.fromkeys(_digest(k) for k in keys))
+        admin = (_digest(config.admin_api_key),) if config.admin_api_key is not None else client
         worker = None if config.api_key is None else f"Bearer {config.api_key}"
         return cls(client, admin, worker)
 
