@@ -2,16 +2,20 @@
 
 A canary server listens on loopback; every routing input a client controls names it (model, Rank header,
 Host, absolute and authority-form request targets, ``agentic_context`` fields, forwarding headers, the
-request-id headers, the body of every route). Afterwards the canary has seen no request at all.
+request-id headers, the body of every route). Afterwards the canary has seen no request at all. A worker
+that answers with a redirect to the canary does not get it contacted either: redirects are relayed.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from support.factories import EngineFactory, RouterFactory
+from support.loopback import serve_app
 
 from .conftest import MODEL, PROGRAM, Recorder, exchange, host_port
 
@@ -89,3 +93,28 @@ async def test_no_routing_input_reaches_a_url_that_is_not_a_worker(
     async with client.get(canary.url + "/control") as resp:  # the canary does record what reaches it
         assert resp.status == 200
     assert [r["path"] for r in canary.requests] == ["/control"]
+
+
+async def test_a_worker_redirect_is_relayed_not_followed(
+    make_recorder: Any, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    canary: Recorder = await make_recorder()
+
+    async def redirect(request: web.Request) -> web.Response:
+        if request.path == "/health":  # the router's own health checks are not a client's input
+            return web.json_response({})
+        raise web.HTTPTemporaryRedirect(canary.url + "/stolen")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", redirect)
+    runner, worker_url = await serve_app(app)
+    try:
+        router = await make_router([worker_url])
+        body = {"model": MODEL, "prompt": "x"}
+        async with client.post(router.url + "/v1/completions", json=body, allow_redirects=False) as resp:
+            assert resp.status == 307 and resp.headers["Location"] == canary.url + "/stolen"
+        async with client.get(router.url + "/v1/models", allow_redirects=False) as resp:
+            assert resp.status == 503  # the only worker did not answer with models
+    finally:
+        await runner.cleanup()
+    assert canary.requests == []

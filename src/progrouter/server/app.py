@@ -74,7 +74,9 @@ async def handle_models(request: web.Request) -> web.Response:
     forwarded = {} if authorization is None else {"Authorization": authorization}
 
     async def fetch(worker: str) -> Any:
-        async with session.get(worker + "/v1/models", headers=forwarded, timeout=timeout) as r:
+        async with session.get(
+            worker + "/v1/models", headers=forwarded, timeout=timeout, allow_redirects=False
+        ) as r:
             r.raise_for_status()
             return orjson.loads(await r.read())
 

@@ -99,7 +99,10 @@ async def _forward(
     url = target.base_url + call.request.path_qs
     metrics = state.metrics
     try:
-        upstream = await session.request(call.request.method, url, data=call.raw, headers=headers)
+        # A worker's redirect is relayed, never followed: the router contacts configured workers only.
+        upstream = await session.request(
+            call.request.method, url, data=call.raw, headers=headers, allow_redirects=False
+        )
     except TimeoutError as exc:
         metrics.upstream_errors.labels(target.id, "timeout").inc()
         raise AttemptFailed(504, f"worker {target.id} timed out", connection=False) from exc
