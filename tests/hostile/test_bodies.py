@@ -44,3 +44,25 @@ async def test_bad_chat_body_is_refused_without_state_change(
     worker_or_router_error(reply)
     assert await diagnostics(client, router) == before
     await assert_alive(client, router)
+
+
+# Routes the router validates itself, and routes the emulator serves (worker answers are relayed as is).
+ROUTES = ("/v1/completions", "/v1/responses", "/v1/messages", "/generate", "/tokenize", "/detokenize")
+UNPARSABLE = {
+    k: CHAT_BODIES[k] for k in ("malformed JSON", "JSON array", "invalid UTF-8", "NUL byte in the JSON")
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_unparsable_bodies_on_every_route(
+    program_router: RunningRouter, client: aiohttp.ClientSession, route: str
+) -> None:
+    before = await diagnostics(client, program_router)
+    for name, body in UNPARSABLE.items():
+        reply = await json_post(
+            client, program_router.url + route, body, headers={"Content-Type": "application/json"}
+        )
+        assert 400 <= reply.status < 500, (name, reply)
+        worker_or_router_error(reply)
+    assert await diagnostics(client, program_router) == before
+    await assert_alive(client, program_router)

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from progrouter.server.runner import RunningRouter
+from support.factories import EngineFactory, RouterFactory
 
-from .conftest import MODEL, Reply, assert_alive, diagnostics, exchange, json_post
+from .conftest import MODEL, PROGRAM, Reply, assert_alive, diagnostics, exchange, json_post
 from .test_bodies import worker_or_router_error
 
 EXAMPLES = 60
@@ -36,6 +37,7 @@ not_an_identifier = (
     | st.just("")
     | st.just("   ")
 )
+SESSION_HEADERS = ("x-session-id", "session-id", "x-claude-code-session-id")
 IDENTITY_KEYS = ("program_id", "task_id", "session_id", "agent_id", "parent_program_id", "root_program_id")
 
 
@@ -140,3 +142,27 @@ async def test_generated_split_headers_are_400(
         reply.error()
     assert await diagnostics(client, program_router) == before
     await assert_alive(client, program_router)
+
+
+non_ascii_text = st.text(st.characters(min_codepoint=0x80, max_codepoint=0x2FFF), min_size=1, max_size=12)
+
+
+async def test_generated_non_ascii_identity_headers_are_400(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    """With the auto enable key a session header names a Program; one that is not ASCII is refused."""
+    engine = await make_engine()
+    router = await make_router([engine.url], {**PROGRAM, "enable_key": "auto"})
+    before = await diagnostics(client, router)
+    body = b'{"model": "emu", "prompt": "x", "max_tokens": 2}'
+    for name, value in draw(st.tuples(st.sampled_from(SESSION_HEADERS), non_ascii_text), n=30):
+        data = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nConnection: close\r\n"
+            + f"{name}: ".encode() + value.encode() + b"\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )  # fmt: skip
+        reply = await exchange(router.url, data)
+        assert reply.status == 400, (name, value, reply)
+        assert name in reply.error()  # the identity parser's refusal names the header
+    assert await diagnostics(client, router) == before
+    await assert_alive(client, router)
