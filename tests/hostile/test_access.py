@@ -48,6 +48,9 @@ async def test_client_keys_guard_inference_and_leave_probes_open(
     assert await _status(client, "GET", router.url + "/v1/models") == 401
     for probe in ("/health", "/readiness", "/liveness"):
         assert await _status(client, "GET", router.url + probe) == 200, probe
+    preflight = {"Origin": "http://app", "Access-Control-Request-Method": "POST"}
+    assert await _status(client, "OPTIONS", url, headers=preflight) != 401  # browsers send no key on it
+    assert await _status(client, "OPTIONS", url) == 401  # a plain OPTIONS is no preflight
     # no separate admin key: a client key opens the admin routes, nothing else does
     assert await _status(client, "GET", router.url + "/scheduling/diagnostics") == 401
     assert (

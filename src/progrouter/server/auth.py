@@ -2,7 +2,7 @@
 
 Three classes of route:
 
-- **open**: ``/health``, ``/readiness``, ``/liveness`` — probes never need a key;
+- **open**: ``/health``, ``/readiness``, ``/liveness`` — probes never need a key — and CORS preflights;
 - **admin**: worker management, cache flushing, diagnostics, the dashboard — the admin key when one is set,
   else any client key;
 - **client**: everything else — a client key when any is set.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,9 +53,13 @@ class Access(Enum):
     ADMIN = "admin"
 
 
-def route_access(path: str) -> Access:
-    """The class of ``path``; a sub-path of an admin route (``/workers/{url}``) is admin too."""
-    if path in OPEN_PATHS:
+def route_access(method: str, path: str, headers: Mapping[str, str]) -> Access:
+    """The class of a request; a sub-path of an admin route (``/workers/{url}``) is admin too.
+
+    A CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``) is open: browsers never send
+    credentials on it, and it is answered by the router, never proxied.
+    """
+    if path in OPEN_PATHS or (method == "OPTIONS" and "Access-Control-Request-Method" in headers):
         return Access.OPEN
     if any(path == p or path.startswith(p + "/") for p in ADMIN_PATHS):
         return Access.ADMIN
@@ -131,7 +136,7 @@ def access_control(policy: AccessPolicy) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        access = route_access(request.path)
+        access = route_access(request.method, request.path, request.headers)
         refused = policy.refusal(access, request.headers.get("Authorization"))
         if refused is not None:
             if request.body_exists:  # unread: end the connection rather than drain what it may still send
