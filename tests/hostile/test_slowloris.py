@@ -1,9 +1,9 @@
 """Slow clients are cut off within the configured timeouts, and the router stays responsive meanwhile.
 
 Five patterns: a head trickled byte by byte, a body trickled, a chunked body that never ends, an idle
-keep-alive connection (and one that never sends anything), and many half-sent requests at once (past the
-connection bound). Every wait here is a bounded deadline: the configured timeout plus slack for a loaded
-machine, never a measured duration.
+keep-alive connection (and one that never sends anything), and a thousand half-sent requests at once (with
+one more connection, past the bound, refused). Every wait here is a bounded deadline: the configured timeout
+plus slack for a loaded machine, never a measured duration.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .conftest import PROGRAM, assert_alive, host_port, parse_reply, read_reply
 
 TIMEOUT = 0.5
 SLACK = 5.0  # the cut-off must come within TIMEOUT + SLACK
+HALF_SENT = 1000
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
 
 
@@ -34,7 +35,6 @@ async def router(make_engine: EngineFactory, make_router: RouterFactory) -> Runn
         client_header_timeout_secs=TIMEOUT,
         client_body_timeout_secs=TIMEOUT,
         client_keepalive_timeout_secs=TIMEOUT,
-        max_client_connections=60,
     )
 
 
@@ -118,19 +118,26 @@ async def test_idle_connections_are_closed(router: RunningRouter, client: aiohtt
     await assert_alive(client, router)
 
 
-async def test_many_half_sent_requests_are_bounded_and_cut_off(
-    router: RunningRouter, client: aiohttp.ClientSession
+async def test_a_thousand_half_sent_requests_are_bounded_and_cut_off(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    opened = [await asyncio.open_connection(*host_port(router.url)) for _ in range(60)]
+    engine = await make_engine()
+    router = await make_router(
+        [engine.url],
+        PROGRAM,
+        client_header_timeout_secs=TIMEOUT,
+        client_keepalive_timeout_secs=60.0,  # the connections stay while they are being opened
+        max_client_connections=HALF_SENT,
+    )
+    opened = [await asyncio.open_connection(*host_port(router.url)) for _ in range(HALF_SENT)]
     try:
+        async with connection(router) as (reader, _):  # past the bound: refused at once
+            assert "connections" in await cut_off_with(reader, 503)
         for _, writer in opened:
             writer.write(HEAD + b"X-Half: ")
-        # Past the bound: refused at once with 503 (the others hold every slot).
-        async with connection(router) as (reader, _):
-            assert "connections" in await cut_off_with(reader, 503)
         replies = await asyncio.gather(*(cut_off_with(reader, 408) for reader, _ in opened))
-        assert len(replies) == 60
+        assert len(replies) == HALF_SENT
     finally:
         for _, writer in opened:
             writer.close()
-    await assert_alive(client, router)
+    await assert_alive(client, router)  # every slot is free again
