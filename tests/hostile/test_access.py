@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,13 @@ async def test_admin_key_is_separate_from_client_keys(
     engine = await make_engine()
     router = await make_router([engine.url], PROGRAM, client_api_keys=["key-a"], admin_api_key="adm")
     diag = router.url + "/scheduling/diagnostics"
+    async with client.get(diag, headers=_bearer("adm")) as resp:
+        before = await resp.json()
+    context = json.dumps({"program_id": "p-anonymous"})
+    program = {"model": "emu", "prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agentic_context": context}}
+    assert await _status(client, "POST", router.url + "/v1/completions", json=program) == 401
+    async with client.get(diag, headers=_bearer("adm")) as resp:
+        assert await resp.json() == before  # a refused Program request leaves no trace in the scheduler
     assert await _status(client, "GET", diag) == 401
     assert await _status(client, "GET", diag, headers=_bearer("key-a")) == 403
     assert await _status(client, "GET", diag, headers=_bearer("adm")) == 200
