@@ -95,6 +95,15 @@ async def test_trickled_body_gets_408(router: RunningRouter, client: aiohttp.Cli
     await assert_alive(client, router)
 
 
+async def test_content_length_longer_than_the_body_gets_408(
+    router: RunningRouter, client: aiohttp.ClientSession
+) -> None:
+    async with connection(router) as (reader, writer):
+        writer.write(HEAD + b"Content-Length: 100\r\n\r\n" + b'{"prompt": "x"}')  # 15 of 100, then silence
+        assert "body" in await cut_off_with(reader, 408)
+    await assert_alive(client, router)
+
+
 async def test_never_ending_chunked_body_gets_408(
     router: RunningRouter, client: aiohttp.ClientSession
 ) -> None:
