@@ -61,3 +61,19 @@ def test_arrows_point_one_way(package: str) -> None:
             if parts[0] != "progrouter" or len(parts) < 2:
                 continue
             assert parts[1] in ALLOWED[package] | {package}, f"{path.relative_to(SRC)} imports {name}"
+
+
+# The client edge: what every request crosses before a handler runs. It knows the config and itself only, so
+# no routing, Program or proxy code can weaken a refusal (and the edge can be read on its own).
+EDGE = {"auth.py", "connection.py", "errors.py", "headers.py", "log_hygiene.py"}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE))
+def test_the_edge_stands_alone(name: str) -> None:
+    for imported in _imports(SRC / "server" / name):
+        parts = imported.split(".")
+        if parts[0] != "progrouter":
+            continue
+        assert imported == "progrouter.config" or (parts[1] == "server" and f"{parts[2]}.py" in EDGE), (
+            f"server/{name} imports {imported}"
+        )

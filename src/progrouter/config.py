@@ -377,6 +377,30 @@ class RouterConfig(_Strict):
 
     program_scheduling: ProgramSchedulingConfig | None = None
 
+    # The client edge (progrouter's own; see docs/router.md "Security"): who may call, and how long a client
+    # may take to send a request. No keys configured means an open router, as upstream.
+    client_api_keys: list[str] = Field(default_factory=list)
+    client_api_keys_file: str | None = None
+    admin_api_key: str | None = None
+    client_header_timeout_secs: float = Field(default=30.0, gt=0)
+    client_body_timeout_secs: float = Field(default=300.0, gt=0)
+    client_keepalive_timeout_secs: float = Field(default=75.0, gt=0)
+    max_client_connections: int = Field(default=8192, ge=1)
+
+    @field_validator("client_api_keys", "admin_api_key")
+    @classmethod
+    def _keys_usable(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if not all(_usable_key(key) for key in ([v] if isinstance(v, str) else v or [])):
+            raise ValueError("an API key must be non-empty printable text without whitespace")
+        return v
+
+    @field_validator("client_api_keys_file")
+    @classmethod
+    def _keys_file_readable(cls, v: str | None) -> str | None:
+        if v is not None:
+            read_keys_file(v)
+        return v
+
     @field_validator("worker_urls")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
@@ -402,6 +426,26 @@ class RouterConfig(_Strict):
     @property
     def circuit_breaker_enabled(self) -> bool:
         return not self.disable_circuit_breaker
+
+
+def read_keys_file(path: str) -> list[str]:
+    """The API keys in ``path``: one per line; blank lines and ``#`` comments are skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read API keys from {path!r}: {exc.__class__.__name__}") from exc
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ValueError(f"{path!r} holds no API key")
+    if not all(_usable_key(key) for key in keys):
+        raise ValueError(f"{path!r}: a key holds whitespace or a control character")
+    return keys
+
+
+def _usable_key(key: str) -> bool:
+    """A bearer token can carry it: non-empty printable text without whitespace."""
+    return bool(key) and not any(c.isspace() or not c.isprintable() for c in key)
 
 
 M = TypeVar("M", bound=BaseModel)

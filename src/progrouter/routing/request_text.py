@@ -2,6 +2,9 @@
 
 Only the prompt-bearing fields are used, in the order the model reads them, so two requests that differ in
 ``max_tokens`` or ``stream`` but share a conversation share a prefix here too.
+
+The walk keeps its own stack instead of recursing: a client controls how deep ``content`` nests, and each
+value is visited once, so any depth costs time linear in the body and never a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -9,18 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+_PART_KEYS = ("text", "content", "input", "output")
+
 
 def _content(value: Any, out: list[str]) -> None:
     """Append the text of an OpenAI/Anthropic content value: a string, a part, or a list of parts."""
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, list):
-        for part in value:
-            _content(part, out)
-    elif isinstance(value, Mapping):
-        for key in ("text", "content", "input", "output"):
-            if key in value:
-                _content(value[key], out)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, Mapping):
+            stack.extend(item[key] for key in reversed(_PART_KEYS) if key in item)
 
 
 def routing_text(body: Mapping[str, Any] | None) -> str:

@@ -18,10 +18,13 @@ from progrouter.config import BindingStrategy, Policy, RouterConfig
 from progrouter.routing.policies import build_policy, cache_index_for
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import expand_targets
+from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerState
+from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
-from progrouter.server.errors import json_error, json_response
+from progrouter.server.errors import json_error, json_errors, json_response
 from progrouter.server.gate import build_program_gate
+from progrouter.server.headers import header_hygiene
 from progrouter.server.health import HealthChecker, HealthTracker
 from progrouter.server.limiter import InboundLimiter
 from progrouter.server.metrics import RouterMetrics
@@ -73,10 +76,12 @@ async def handle_models(request: web.Request) -> web.Response:
     assert session is not None
     workers = sorted({t.base_url for t in state.candidates})
     timeout = aiohttp.ClientTimeout(total=state.config.health_check_timeout_secs)
+    authorization = request.headers.get("Authorization")  # set by access control, never the bare worker key
+    forwarded = {} if authorization is None else {"Authorization": authorization}
 
     async def fetch(worker: str) -> Any:
         async with session.get(
-            worker + "/v1/models", headers=_auth_headers(state.config), timeout=timeout
+            worker + "/v1/models", headers=forwarded, timeout=timeout, allow_redirects=False
         ) as r:
             r.raise_for_status()
             return orjson.loads(await r.read())
@@ -219,7 +224,9 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
         ),
         cache_index=cache_index,
     )
-    app = web.Application(client_max_size=config.max_payload_size)
+    # Outermost first: JSON errors, then refuse split headers, unknown callers, slow or oversize bodies.
+    edge = [json_errors, header_hygiene, access_control(AccessPolicy.from_config(config)), read_body(config)]
+    app = web.Application(client_max_size=config.max_payload_size, middlewares=edge)
     app[STATE_KEY] = state
     app[PROXY_KEY] = _proxy(config, state)
     for target in targets:

@@ -56,8 +56,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="schedule requests that carry Program metadata (see docs/program_scheduling.md)",
     )
     a("--program-scheduling-config-json", default=None, metavar="JSON", help="Program scheduling knobs")
+    # The client edge (docs/router.md "Security")
+    a(
+        "--client-api-key",
+        dest="client_api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a bearer token clients must send (repeatable); none: an open router, as upstream",
+    )
+    a("--client-api-keys-file", default=None, metavar="PATH", help="client keys, one per line (# comments)")
+    a(
+        "--admin-api-key",
+        default=None,
+        metavar="KEY",
+        help="the key for admin routes (default: any client key)",
+    )
+    a("--client-header-timeout-secs", type=float, default=d.client_header_timeout_secs, help="408 past it")
+    a("--client-body-timeout-secs", type=float, default=d.client_body_timeout_secs, help="408 past it")
+    a("--client-keepalive-timeout-secs", type=float, default=d.client_keepalive_timeout_secs)
+    a("--max-client-connections", type=int, default=d.max_client_connections, help="503 past it")
 
 
+EDGE_FIELDS = (
+    "client_api_keys",
+    "client_api_keys_file",
+    "admin_api_key",
+    "client_header_timeout_secs",
+    "client_body_timeout_secs",
+    "client_keepalive_timeout_secs",
+    "max_client_connections",
+)
 _FIELDS = (
     "worker_urls",
     "host",
@@ -80,6 +109,7 @@ _FIELDS = (
     "prometheus_host",
     "prometheus_port",
     "log_level",
+    *EDGE_FIELDS,
 )
 
 

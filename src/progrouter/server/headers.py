@@ -1,10 +1,19 @@
-"""Which headers cross the proxy, in each direction (RFC 9110 §7.6.1 hop-by-hop rules)."""
+"""Which headers cross the proxy, in each direction (RFC 9110 §7.6.1 hop-by-hop rules), and which are refused.
+
+A header name or value holding CR, LF or NUL is refused with 400 before anything else reads it: relayed to a
+worker it could split into a second header (the one that picks the Rank, say). aiohttp's strict parser
+rejects most of these already; this check keeps the guarantee whatever parser (or version) is in use.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from progrouter.server.errors import json_error
 
 HOP_BY_HOP = frozenset(
     {
@@ -31,14 +40,16 @@ def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
     return frozenset(t.strip().lower() for t in value.split(",")) if value else frozenset()
 
 
-def request_headers(
-    incoming: CIMultiDictProxy[str], api_key: str | None, default_content_type: str | None
-) -> CIMultiDict[str]:
-    """Client headers to send on to a worker (without the Rank header, which each attempt adds)."""
+_FORBIDDEN = (b"\r", b"\n", b"\x00")
+
+
+def request_headers(incoming: CIMultiDictProxy[str], default_content_type: str | None) -> CIMultiDict[str]:
+    """Client headers to send on to a worker (without the Rank header, which each attempt adds).
+
+    ``Authorization`` is whatever the access-control middleware left on the request (see ``auth``).
+    """
     drop = _REQUEST_DROP | _connection_tokens(incoming)
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
-    if api_key is not None:
-        out["Authorization"] = f"Bearer {api_key}"
     if default_content_type is not None and "Content-Type" not in out:
         out["Content-Type"] = default_content_type
     return out
@@ -48,3 +59,19 @@ def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Worker response headers to relay to the client."""
     drop = _RESPONSE_DROP | _connection_tokens(upstream)
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+
+
+def header_violation(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None:
+    """Why these headers are refused (None if they are not); the reason names no header content."""
+    for index, (name, value) in enumerate(raw_headers):
+        if any(c in name or c in value for c in _FORBIDDEN):
+            return f"header #{index + 1} holds a CR, LF or NUL character"
+    return None
+
+
+@web.middleware
+async def header_hygiene(request: web.Request, handler: Handler) -> web.StreamResponse:
+    reason = header_violation(request.raw_headers)
+    if reason is not None:
+        return json_error(400, reason, close=True)
+    return await handler(request)

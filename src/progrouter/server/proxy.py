@@ -183,7 +183,10 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
     url = target.base_url + call.request.path_qs
     metrics = state.metrics
     try:
-        upstream = await session.request(call.request.method, url, data=call.raw, headers=headers)
+        # A worker's redirect is relayed, never followed: the router contacts configured workers only.
+        upstream = await session.request(
+            call.request.method, url, data=call.raw, headers=headers, allow_redirects=False
+        )
     except TimeoutError as exc:
         metrics.upstream_errors.labels(target.id, "timeout").inc()
         raise AttemptFailed(504, f"worker {target.id} timed out", connection=False) from exc
@@ -452,9 +455,7 @@ async def _proxy(call: _Call) -> web.StreamResponse:
             body = parsed
         elif json_route:
             return _fail(call, 400, "request body must be a JSON object", "bad_request")
-    call.headers = request_headers(
-        request.headers, state.config.api_key, "application/json" if json_route else None
-    )
+    call.headers = request_headers(request.headers, "application/json" if json_route else None)
     request_id = REQUEST_ID.get()
     if request_id is not None:
         call.headers[REQUEST_ID_HEADER] = request_id

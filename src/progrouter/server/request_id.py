@@ -66,7 +66,7 @@ def install_request_ids(app: web.Application, names: Sequence[str] | None) -> No
         if rid is not None:
             response.headers[HEADER] = rid
 
-    app.middlewares.append(middleware)
+    app.middlewares.insert(0, middleware)  # outermost: every answer, refusals included, carries the id
     app.on_response_prepare.append(on_prepare)
 
 

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
+from progrouter.server.connection import ConnectionGuard, GuardedSite
 from progrouter.server.state import REGISTRY_KEY
 
 
@@ -45,12 +46,14 @@ class RunningRouter:
         self._runners.clear()
 
 
-async def _serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def _serve(
+    app: web.Application, host: str, port: int, guard: ConnectionGuard
+) -> tuple[web.AppRunner, int]:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the upstream call.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = GuardedSite(runner, host, port, guard)
         await site.start()
     except BaseException:
         await runner.cleanup()
@@ -62,12 +65,13 @@ async def _serve(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 async def start_router(config: RouterConfig) -> RunningRouter:
     """Build and start the router described by ``config`` (port 0 picks a free port)."""
     app = build_app(config)
-    runner, port = await _serve(app, config.host, config.port)
+    guard = ConnectionGuard(config)
+    runner, port = await _serve(app, config.host, config.port, guard)
     running = RunningRouter(_url(config.host, port), None, app, [runner])
     if config.prometheus_port is not None:
         try:
             m_runner, m_port = await _serve(
-                metrics_app(app[REGISTRY_KEY]), config.prometheus_host, config.prometheus_port
+                metrics_app(app[REGISTRY_KEY]), config.prometheus_host, config.prometheus_port, guard
             )
         except BaseException:
             await running.stop()
