@@ -247,3 +247,14 @@ def test_router_config_rules() -> None:
     c = RouterConfig(worker_urls=["http://a:1/"], program_scheduling=ProgramSchedulingConfig())
     assert c.worker_urls == ["http://a:1"]
     assert c.prometheus_port == 29000 and c.prometheus_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("off", ["off", "OFF", "none", "null", "disabled", None])
+def test_prometheus_port_can_be_turned_off(off: str | None) -> None:
+    assert RouterConfig(prometheus_port=off).prometheus_port is None
+
+
+def test_prometheus_port_rejects_other_words() -> None:
+    with pytest.raises(ValueError, match="prometheus_port"):
+        RouterConfig.model_validate({"prometheus_port": "later"})
+    assert RouterConfig.model_validate({"prometheus_port": "0"}).prometheus_port == 0  # any free port

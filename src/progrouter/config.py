@@ -409,6 +409,14 @@ class RouterConfig(_Strict):
                 raise ValueError(f"worker_urls: {url!r} is not an http(s) URL")
         return [u.rstrip("/") for u in v]
 
+    @field_validator("prometheus_port", mode="before")
+    @classmethod
+    def _port_or_off(cls, v: Any) -> Any:
+        """``off`` (or none/null/disabled) runs no metrics listener; 0 picks any free port."""
+        if isinstance(v, str) and v.strip().lower() in ("off", "none", "null", "disabled"):
+            return None
+        return v
+
     @model_validator(mode="after")
     def _policy_available(self) -> RouterConfig:
         if self.policy is Policy.KV_AWARE:

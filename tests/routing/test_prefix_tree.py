@@ -36,15 +36,26 @@ def test_remove_target_forgets_it() -> None:
     assert idx.match("shared prefix") == {}
 
 
-def test_eviction_bounds_size_and_drops_least_recent() -> None:
+def test_eviction_pass_trims_to_the_bound_and_drops_least_recent() -> None:
     idx = CacheAwareIndex(100)
     idx.insert("old-" + "o" * 40, "a")
     idx.insert("mid-" + "m" * 40, "a")
     idx.match("old-")  # matching does not refresh
-    idx.insert("new-" + "n" * 40, "a")  # 132 chars > 100 → evict to <= 90
-    assert idx.size("a") <= 100
+    idx.insert("new-" + "n" * 40, "a")  # 132 chars: over the bound, under the hard cap, kept until a pass
+    idx.insert("zzzzz", "b")
+    assert idx.size("a") == 132
+    assert idx.evict() == 44
+    assert idx.size("a") == 88 and idx.size("b") == 5
     assert "a" not in idx.match("old-" + "o" * 40)
     assert idx.match("new-" + "n" * 40) == {"a": 44}
+    assert idx.evict() == 0
+
+
+def test_insert_past_twice_the_bound_trims_at_once() -> None:
+    idx = CacheAwareIndex(100)
+    for i in range(5):
+        idx.insert(f"{i}-" + "x" * 48, "a")  # 50 chars each
+    assert idx.size("a") == 100 and "a" not in idx.match("0-" + "x" * 48)
 
 
 def test_eviction_keeps_memory_bounded_under_random_load() -> None:
@@ -53,7 +64,7 @@ def test_eviction_keeps_memory_bounded_under_random_load() -> None:
     for _ in range(500):
         text = "".join(rng.choice("abcd") for _ in range(rng.randint(1, 200)))
         idx.insert(text, rng.choice(["a", "b"]))
-        assert idx.size("a") <= 2_000 and idx.size("b") <= 2_000
+        assert idx.size("a") <= 4_000 and idx.size("b") <= 4_000
     # the physical tree holds no more than what the targets account for
     stack, total = [idx._root], 0
     while stack:

@@ -16,8 +16,7 @@ WORKER_ADMIN_ROUTES = (
     "/pause",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
-    "/add_worker",
-)
+)  # the router's own /add_worker is answered by the router, never proxied: tests/server/test_admin.py
 
 
 async def _fault_modes(client: aiohttp.ClientSession, engine_url: str) -> list[str]:

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import re
-import signal
+import pathlib
 import subprocess
 import sys
 
-import aiohttp
 import pytest
 
 from progrouter.server.cli import add_arguments, config_from_args
-
-from .conftest import WorkerFactory
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,11 +52,127 @@ def test_invalid_configuration_exits_2_naming_the_field(args: list[str], fragmen
         assert fragment in done.stderr
 
 
-def test_bad_worker_url_and_missing_workers() -> None:
+def test_bad_worker_url() -> None:
     done = _serve("--worker-urls", "localhost:8000")
     assert done.returncode == 2 and "worker_urls" in done.stderr
-    done = _serve()
-    assert done.returncode == 2 and "--worker-urls" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--vllm-pd-disaggregation"],
+        ["--prefill", "http://p:1", "9000"],
+        ["--decode", "http://d:1"],
+        ["--prefill-policy", "cache_aware"],
+        ["--decode-policy", "random"],
+        ["--pd-kv-events", "http://p:1=tcp://x:1"],
+        ["--prefill-selector", "a=b"],
+        ["--decode-selector", "a=b"],
+        ["--vllm-discovery-address", "0.0.0.0:30001"],
+        ["--kv-connector", "mooncake"],
+        ["--mini-lb"],
+    ],
+)
+def test_pd_flags_fail_with_one_line(args: list[str]) -> None:
+    done = _serve("--worker-urls", "http://127.0.0.1:1", *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"progrouter serve: {args[0]}: PD (prefill/decode disaggregated) mode")
+
+
+@pytest.mark.parametrize(
+    ("args", "feature"),
+    [
+        (["--wasm-middleware", "/x.wasm"], "WASM middleware"),
+        (["--wasm-middleware-sha256", "ab"], "WASM middleware"),
+        (["--wasm-middleware-route", "/v1/x"], "WASM middleware"),
+        (["--enable-igw"], "IGW"),
+        (["--service-discovery"], "Kubernetes service discovery"),
+        (["--selector", "app=vllm"], "Kubernetes service discovery"),
+        (["--service-discovery-port", "80"], "Kubernetes service discovery"),
+        (["--service-discovery-namespace", "ns"], "Kubernetes service discovery"),
+    ],
+)
+def test_unsupported_feature_flags_fail_with_one_line_naming_the_flag(args: list[str], feature: str) -> None:
+    done = _serve(*args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"progrouter serve: {args[0]}: {feature}")
+    assert "not supported" in done.stderr
+
+
+def test_kv_aware_is_parsed_and_refused_by_the_config() -> None:
+    done = _serve(
+        "--policy", "kv_aware", "--kv-penalty-host", "0.5", "--kv-event-source", "http://w:1=tcp://w:5557",
+        "--kv-event-block-size", "32", "--router-temperature", "0.1",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "policy: kv_aware routes on vLLM KV events" in done.stderr
+    assert "usage:" not in done.stderr
+
+
+def test_version_and_help_shows_defaults() -> None:
+    done = _serve("--version")
+    assert done.returncode == 0 and done.stdout.startswith("progrouter ")
+    done = _serve("--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    for fragment in (
+        "--max-tree-size MAX_TREE_SIZE cache_aware: characters kept per worker, enforced at eviction "
+        "(default: 33554432)",
+        "(default: cache_aware)",
+        "--retry-max-retries RETRY_MAX_RETRIES attempts per request in all (1: no retry) (default: 5)",
+        "--worker-startup-timeout-secs",
+        "(default: 600)",
+        "--drain-timeout-secs",
+    ):
+        assert fragment in text
+    assert "--prefill [ARG ...] PD mode" in text and "--enable-igw [ARG ...] IGW" in text  # listed, refused
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_win_over_environment_over_config_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        "worker_urls: [http://file:1]\npolicy: random\nmax_tree_size: 1000\nqueue_size: 7\n"
+        "program_scheduling: {binding_only: true}\n"
+    )
+    env = {"PROGROUTER_POLICY": "power_of_two", "PROGROUTER_QUEUE_SIZE": "8", "UNRELATED": "x"}
+    config = config_from_args(_parse("--config", str(path), "--queue-size", "9"), env)
+    assert config.worker_urls == ["http://file:1"] and config.max_tree_size == 1000  # file only
+    assert config.policy.value == "power_of_two"  # env over file
+    assert config.queue_size == 9  # flag over env
+    assert config.program_scheduling is not None and config.program_scheduling.binding_only
+    env["PROGROUTER_WORKER_URLS"] = '["http://env:1", "http://env:2"]'
+    config = config_from_args(_parse("--config", str(path)), env)
+    assert config.worker_urls == ["http://env:1", "http://env:2"] and config.queue_size == 8
+    assert config_from_args(_parse(), {}).max_tree_size == 2**25  # defaults without file or env
+
+
+def test_config_file_errors_name_the_key(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "router.json"
+    path.write_text('{"policy": "random", "max_tre_size": 5}')
+    done = _serve("--config", str(path))
+    assert done.returncode == 2 and "unknown field 'max_tre_size'" in done.stderr
+    assert str(path) in done.stderr
+    path.write_text("- a list\n")
+    done = _serve("--config", str(path))
+    assert done.returncode == 2 and "must hold a mapping" in done.stderr
+    done = _serve("--config", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2 and "cannot read config file" in done.stderr
+
+
+def test_prometheus_port_off() -> None:
+    assert config_from_args(_parse("--prometheus-port", "off"), {}).prometheus_port is None
+    assert config_from_args(_parse("--prometheus-port", "0"), {}).prometheus_port == 0
+    assert config_from_args(_parse(), {"PROGROUTER_PROMETHEUS_PORT": "null"}).prometheus_port is None
+    assert config_from_args(_parse(), {}).prometheus_port == 29000
 
 
 def test_flags_map_onto_router_config() -> None:
@@ -89,40 +199,3 @@ def test_flags_map_onto_router_config() -> None:
     assert config.program_scheduling is not None
     assert config.program_scheduling.token_capacity_per_dp_rank == 456
     assert config.program_scheduling.program_scheduling_enable_key.value == "auto"
-
-
-async def test_serve_runs_until_sigterm(make_worker: WorkerFactory) -> None:
-    worker = await make_worker()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "progrouter",
-        "serve",
-        "--worker-urls",
-        worker.url,
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-        "--policy",
-        "round_robin",
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stderr is not None
-    try:
-        url = None
-        while url is None:
-            line = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
-            assert line, "serve exited before listening"
-            found = re.search(r"listening on (http://\S+)", line)
-            url = found.group(1) if found else None
-        async with aiohttp.ClientSession() as client, client.post(url + "/v1/completions", json={}) as resp:
-            assert resp.status == 200
-            assert resp.headers["X-Worker"] == worker.name
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()

@@ -5,9 +5,11 @@ One radix tree over characters is shared by all targets; every node records, per
 it was last used on that target. A target "has" a node when it has the node's whole path, so matching a
 text walks down once and yields, per target, how many leading characters it probably holds.
 
-Memory is bounded per target: when a target holds more than ``max_size_chars`` characters, its least
-recently used leaves are dropped until it is back under 90 % of the bound (the slack amortizes the work;
-upstream runs the same eviction from a background thread). Nodes no target holds are unlinked.
+Memory is bounded per target. As upstream, the bound ``max_size_chars`` is enforced by ``evict()``, which the
+router calls every ``eviction_interval_secs``: each target's least recently used leaves are dropped until it
+holds at most the bound. Between passes a target may grow, but never past twice the bound: an insert that
+goes beyond trims it back at once, so memory stays bounded even with a long interval. Nodes no target holds
+are unlinked.
 
 The decisions built on it:
 - ``choose_by_load``: the native cache_aware policy (upstream/sglang): when load is imbalanced take the least
@@ -24,7 +26,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-_EVICT_TO = 0.9
+_HARD_CAP = 2  # × max_size_chars, enforced on insert between eviction passes
 
 
 class _Node:
@@ -118,8 +120,16 @@ class CacheAwareIndex:
                 nodes.add(child)
             child.targets[target_id] = now
             node, i = child, i + n
-        if self._sizes[target_id] > self.max_size_chars:
-            self._evict(target_id, int(self.max_size_chars * _EVICT_TO))
+        if self._sizes[target_id] > _HARD_CAP * self.max_size_chars:
+            self._evict(target_id, self.max_size_chars)
+
+    def evict(self) -> int:
+        """The periodic pass: trim every target to ``max_size_chars``; the number of characters dropped."""
+        before = sum(self._sizes.values())
+        for target_id, size in list(self._sizes.items()):
+            if size > self.max_size_chars:
+                self._evict(target_id, self.max_size_chars)
+        return before - sum(self._sizes.values())
 
     def remove_target(self, target_id: str) -> None:
         """Forget everything attributed to ``target_id`` (it left the fleet)."""

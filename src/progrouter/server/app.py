@@ -18,10 +18,12 @@ from progrouter.config import BindingStrategy, Policy, RouterConfig
 from progrouter.routing.policies import build_policy, cache_index_for
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import expand_targets
+from progrouter.server.admin import add_admin_routes
 from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerState
 from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
+from progrouter.server.drain import drain_middleware
 from progrouter.server.errors import json_error, json_errors, json_response
 from progrouter.server.gate import build_program_gate
 from progrouter.server.headers import header_hygiene
@@ -59,10 +61,18 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_readiness(request: web.Request) -> web.Response:
+    """Upstream's shape; not ready while no worker is healthy (e.g. during the startup wait) or draining."""
     state = request.app[STATE_KEY]
-    if state.candidates:
-        return json_response({"status": "ready", "healthy_targets": len(state.candidates)})
-    return json_response({"status": "not_ready", "healthy_targets": 0}, status=503)
+    total = len(state.targets)  # upstream counts DP Ranks as workers
+    if state.draining:
+        reason = "router is shutting down"
+    elif not state.candidates:
+        reason = "no healthy workers available"
+    else:
+        return json_response(
+            {"status": "ready", "healthy_workers": len(state.candidates), "total_workers": total}
+        )
+    return json_response({"status": "not_ready", "reason": reason, "total_workers": total}, status=503)
 
 
 async def handle_liveness(request: web.Request) -> web.Response:
@@ -127,6 +137,15 @@ def _log_calibration_warning(warning: dict[str, Any]) -> None:
     )
 
 
+async def _evict_periodically(index: CacheAwareIndex, interval: float) -> None:
+    """Upstream's eviction thread: every ``interval`` trim each target's prefix tree to ``max_tree_size``."""
+    while True:
+        await asyncio.sleep(interval)
+        dropped = index.evict()
+        if dropped:
+            log.debug("prefix-tree eviction dropped %d characters", dropped)
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE_KEY]
     config = state.config
@@ -146,7 +165,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.refresh_candidates()
     if state.gate is not None:
         await state.gate.start()
-    checker = HealthChecker(
+    state.checker = checker = HealthChecker(
         state.health,
         state.session,
         endpoint=config.health_check_endpoint,
@@ -155,13 +174,21 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         headers=_auth_headers(config),
         on_change=state.refresh_candidates,
     )
-    health_task = asyncio.create_task(checker.run(), name="progrouter-health")
+    tasks = [asyncio.create_task(checker.run(), name="progrouter-health")]
+    if state.cache_index is not None:
+        tasks.append(
+            asyncio.create_task(
+                _evict_periodically(state.cache_index, config.eviction_interval_secs),
+                name="progrouter-eviction",
+            )
+        )
     try:
         yield
     finally:
-        health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await health_task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if state.gate is not None:
             await state.gate.stop()
         await state.session.close()
@@ -207,8 +234,14 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
     return proxy
 
 
-def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -> web.Application:
-    """The router as an aiohttp app; run it with ``handler_cancellation=True`` (see ``runner``)."""
+def build_app(
+    config: RouterConfig, registry: CollectorRegistry | None = None, *, workers_start_healthy: bool = True
+) -> web.Application:
+    """The router as an aiohttp app; run it with ``handler_cancellation=True`` (see ``runner``).
+
+    ``workers_start_healthy=False`` is `serve`'s startup wait: no worker takes traffic (and ``/readiness``
+    says 503) until one answers its health endpoint.
+    """
     registry = registry if registry is not None else CollectorRegistry()
     targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
     cache_index = _shared_cache_index(config)
@@ -218,14 +251,22 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
         policy=build_policy(config, cache_index, time.monotonic),
         metrics=RouterMetrics(registry),
         health=HealthTracker(
-            sorted({t.base_url for t in targets}),
+            list(dict.fromkeys(t.base_url for t in targets)),  # command-line order
             config.health_failure_threshold,
             config.health_success_threshold,
+            initially_healthy=workers_start_healthy,
         ),
         cache_index=cache_index,
     )
-    # Outermost first: JSON errors, then refuse split headers, unknown callers, slow or oversize bodies.
-    edge = [json_errors, header_hygiene, access_control(AccessPolicy.from_config(config)), read_body(config)]
+    # Outermost first: JSON errors, then refuse split headers, unknown callers, work while draining, slow or
+    # oversize bodies.
+    edge = [
+        json_errors,
+        header_hygiene,
+        access_control(AccessPolicy.from_config(config)),
+        drain_middleware,
+        read_body(config),
+    ]
     app = web.Application(client_max_size=config.max_payload_size, middlewares=edge)
     app[STATE_KEY] = state
     app[PROXY_KEY] = _proxy(config, state)
@@ -241,6 +282,7 @@ def build_app(config: RouterConfig, registry: CollectorRegistry | None = None) -
     app.router.add_get("/liveness", handle_liveness)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/scheduling/diagnostics", handle_diagnostics)
+    add_admin_routes(app)
     for route in sorted(PROXIED_ROUTES):
         app.router.add_post(route, handle_post)
     app.router.add_route("*", "/{tail:.*}", _not_found)

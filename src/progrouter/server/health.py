@@ -18,14 +18,34 @@ log = logging.getLogger("progrouter.health")
 class HealthTracker:
     """Healthy until ``failure_threshold`` consecutive failures; healthy again after ``success_threshold``."""
 
-    def __init__(self, workers: Sequence[str], failure_threshold: int, success_threshold: int) -> None:
+    def __init__(
+        self,
+        workers: Sequence[str],
+        failure_threshold: int,
+        success_threshold: int,
+        *,
+        initially_healthy: bool = True,
+    ) -> None:
         self.failure_threshold = failure_threshold
         self.success_threshold = success_threshold
-        self.healthy: dict[str, bool] = dict.fromkeys(workers, True)
-        self._streak: dict[str, int] = dict.fromkeys(workers, 0)  # consecutive results against the state
+        self.healthy: dict[str, bool] = {}  # in the order workers were added
+        self._streak: dict[str, int] = {}  # consecutive results against the state
+        for worker in workers:
+            self.add(worker, initially_healthy)
+
+    def add(self, worker: str, healthy: bool) -> None:
+        """Track ``worker`` (again) from the given state, with no streak."""
+        self.healthy[worker] = healthy
+        self._streak[worker] = 0
+
+    def remove(self, worker: str) -> None:
+        self.healthy.pop(worker, None)
+        self._streak.pop(worker, None)
 
     def record(self, worker: str, ok: bool) -> bool:
-        """Count one check result; True when it changed the worker's state."""
+        """Count one check result; True when it changed the worker's state (False for a removed worker)."""
+        if worker not in self.healthy:
+            return False
         if ok == self.healthy[worker]:
             self._streak[worker] = 0
             return False
@@ -62,7 +82,8 @@ class HealthChecker:
         self._headers = headers
         self._on_change = on_change
 
-    async def _probe(self, worker: str) -> bool:
+    async def probe(self, worker: str) -> bool:
+        """One check of ``worker``: True when its health endpoint answers 200 in time."""
         try:
             async with self._session.get(
                 worker + self._endpoint, headers=self._headers, timeout=self._timeout
@@ -75,7 +96,7 @@ class HealthChecker:
 
     async def check_once(self) -> None:
         workers = list(self.tracker.healthy)
-        results = await asyncio.gather(*(self._probe(w) for w in workers))
+        results = await asyncio.gather(*(self.probe(w) for w in workers))
         changed = False
         for worker, ok in zip(workers, results, strict=True):
             if self.tracker.record(worker, ok):
@@ -88,3 +109,18 @@ class HealthChecker:
         while True:
             await self.check_once()
             await asyncio.sleep(self._interval)
+
+    async def wait_for_answer(self, workers: Sequence[str], timeout: float, interval: float) -> list[str]:
+        """Probe ``workers`` every ``interval`` until at least one answers; those that did ([] on timeout).
+
+        What upstream does at startup and in ``/add_worker``: the caller waits, bounded by ``timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            results = await asyncio.gather(*(self.probe(w) for w in workers))
+            answered = [w for w, ok in zip(workers, results, strict=True) if ok]
+            left = deadline - loop.time()
+            if answered or left <= 0:
+                return answered
+            await asyncio.sleep(min(interval, left))

@@ -37,7 +37,7 @@ from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, Pr
 from progrouter.program.pool import RequestHandle
 from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
-from progrouter.program.types import BackendObservation, QueueTimeout, UsageObservation
+from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
 from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
@@ -53,6 +53,15 @@ def model_pool_of(body: Mapping[str, Any] | None) -> str:
     """``program:model:<model>`` when the body names a model, else ``program:all``."""
     model = body.get("model") if body is not None else None
     return f"program:model:{model}" if isinstance(model, str) and model else ALL_MODELS_POOL
+
+
+class Draining(ScheduleError):
+    """The router is shutting down: a retryable 503 for a request still waiting in the RequestPool."""
+
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("the router is shutting down; retry the request")
 
 
 class ProgramTicket:
@@ -207,6 +216,20 @@ class ProgramGate:
         if isinstance(outcome, Dispatched):
             return ProgramTicket(self, outcome.dispatch, estimate)
         raise QueueTimeout()
+
+    def shed_waiting(self) -> int:
+        """Drain: withdraw every request still waiting for a Rank and answer it ``Draining``; how many."""
+        now = time.monotonic()
+        shed = 0
+        for handle, future in list(self._waiters.items()):
+            if future.done():
+                continue
+            del self._waiters[handle]
+            self.scheduler.cancel(now, handle)
+            future.set_exception(Draining())
+            shed += 1
+        self._drain(now)
+        return shed
 
     def diagnostics(self) -> dict[str, Any]:
         """The scheduler's snapshot plus the token estimator's coefficients."""

@@ -119,6 +119,9 @@ class AvailableTargetsGate:
     def diagnostics(self) -> dict[str, Any]:
         return self._gate.diagnostics()
 
+    def shed_waiting(self) -> int:
+        return self._gate.shed_waiting()
+
 
 class AttemptFailed(Exception):
     """An attempt that relayed nothing to the client, so another one may follow."""

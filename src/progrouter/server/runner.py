@@ -1,4 +1,8 @@
-"""Start and stop a router (and its Prometheus endpoint) inside a running event loop."""
+"""Start and stop a router (and its Prometheus endpoint) inside a running event loop.
+
+``stop`` gives requests still in progress ``STOP_GRACE_SECONDS`` before cutting them off; a graceful stop
+drains first (``drain.drain``), which is what `progrouter serve` does on SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
 from progrouter.server.connection import ConnectionGuard, GuardedSite
-from progrouter.server.state import REGISTRY_KEY
+from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
+
+STOP_GRACE_SECONDS = 1.0
 
 
 def _url(host: str, port: int) -> str:
@@ -40,6 +46,10 @@ class RunningRouter:
     def registry(self) -> CollectorRegistry:
         return self.app[REGISTRY_KEY]
 
+    @property
+    def state(self) -> RouterState:
+        return self.app[STATE_KEY]
+
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
@@ -50,7 +60,9 @@ async def _serve(
     app: web.Application, host: str, port: int, guard: ConnectionGuard
 ) -> tuple[web.AppRunner, int]:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the upstream call.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=STOP_GRACE_SECONDS
+    )
     await runner.setup()
     try:
         site = GuardedSite(runner, host, port, guard)
@@ -62,9 +74,12 @@ async def _serve(
     return runner, int(bound)
 
 
-async def start_router(config: RouterConfig) -> RunningRouter:
-    """Build and start the router described by ``config`` (port 0 picks a free port)."""
-    app = build_app(config)
+async def start_router(config: RouterConfig, *, workers_start_healthy: bool = True) -> RunningRouter:
+    """Build and start the router described by ``config`` (port 0 picks a free port).
+
+    ``workers_start_healthy=False``: no worker takes traffic until it answered a health check (``serve``).
+    """
+    app = build_app(config, workers_start_healthy=workers_start_healthy)
     guard = ConnectionGuard(config)
     runner, port = await _serve(app, config.host, config.port, guard)
     running = RunningRouter(_url(config.host, port), None, app, [runner])

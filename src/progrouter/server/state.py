@@ -1,7 +1,13 @@
-"""What one running router holds, and the app keys other modules use to reach it."""
+"""What one running router holds, and the app keys other modules use to reach it.
+
+``RouterState`` is the one owner of the worker set: startup, ``/add_worker`` and ``/remove_worker`` all
+change it through ``add_worker``/``remove_worker``, which keep the targets, health tracking, policy, prefix
+index, Program gate and metric labels in step.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -12,9 +18,9 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import RouterConfig
 from progrouter.routing.policies import RoutingPolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
-from progrouter.routing.target import Target
+from progrouter.routing.target import Target, expand_targets
 from progrouter.server.gate import ProgramGate
-from progrouter.server.health import HealthTracker
+from progrouter.server.health import HealthChecker, HealthTracker
 from progrouter.server.metrics import RouterMetrics
 
 log = logging.getLogger("progrouter.router")
@@ -31,11 +37,23 @@ class RouterState:
     candidates: list[Target] = field(default_factory=list)  # healthy targets, sorted by id
     session: aiohttp.ClientSession | None = None
     gate: ProgramGate | None = None
+    checker: HealthChecker | None = None
+    draining: bool = False  # SIGTERM received: not ready, new requests refused
+    active_requests: int = 0  # requests being handled (the drain waits for 0)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @property
+    def worker_urls(self) -> list[str]:
+        """Worker base URLs in the order they were added."""
+        return list(self.health.healthy)
 
     def refresh_candidates(self) -> None:
         """Recompute the healthy targets after a health change and tell the policy and the gate."""
         before = {t.id for t in self.candidates}
-        self.candidates = sorted(t for t in self.targets if self.health.healthy[t.base_url])
+        self.candidates = sorted(t for t in self.targets if self.health.healthy.get(t.base_url, False))
         removed = sorted(before - {t.id for t in self.candidates})
         if removed:
             self.policy.on_targets_removed(removed)
@@ -43,6 +61,54 @@ class RouterState:
             self.metrics.worker_healthy.labels(worker).set(1 if ok else 0)
         if self.gate is not None:
             self.gate.set_healthy_targets(self.candidates)
+
+    def add_worker(self, url: str, *, healthy: bool = True) -> bool:
+        """Add a worker (all its Ranks); False when it is already there."""
+        url = url.rstrip("/")
+        if url in self.health.healthy:
+            return False
+        added = expand_targets([url], self.config.intra_node_data_parallel_size)
+        self.targets.extend(added)
+        for target in added:
+            self.metrics.cb_state.labels(target.id).set(0)
+        self.health.add(url, healthy)
+        self.refresh_candidates()
+        log.info("worker %s added", url)
+        return True
+
+    def remove_worker(self, url: str) -> list[Target]:
+        """Remove a worker: its Programs fail over, its prefix-tree and gauge series go; its targets
+        (none when absent), whose circuit breakers the caller forgets."""
+        url = url.rstrip("/")
+        if url not in self.health.healthy:
+            return []
+        gone = [t for t in self.targets if t.base_url == url]
+        self.targets = [t for t in self.targets if t.base_url != url]
+        self.health.remove(url)
+        self.refresh_candidates()
+        if self.cache_index is not None:
+            for target in gone:
+                self.cache_index.remove_target(target.id)
+        for label in {url, *(t.id for t in gone)}:
+            self.metrics.forget_worker(label)
+        log.info("worker %s removed", url)
+        return gone
+
+    def workers_answered(self, urls: list[str]) -> None:
+        """The startup wait heard these workers answer: healthy now, without waiting for the threshold."""
+        for url in urls:
+            if url in self.health.healthy:
+                self.health.add(url, True)
+        self.refresh_candidates()
+
+    def request_started(self) -> None:
+        self.active_requests += 1
+        self.idle.clear()
+
+    def request_finished(self) -> None:
+        self.active_requests -= 1
+        if self.active_requests == 0:
+            self.idle.set()
 
 
 STATE_KEY = web.AppKey("progrouter_state", RouterState)
