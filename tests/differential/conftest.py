@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from support.scripted_worker import Script, ScriptedWorker, start_scripted_worker
+from support.stopping import stopping
 
 from .routers import ROUTERS, RouterProcess, start_router
 
@@ -45,31 +46,23 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def workers() -> AsyncIterator[WorkerFactory]:
     """``await workers(n)``: n scripted workers serving from the test's event loop, stopped after."""
-    started: list[ScriptedWorker] = []
+    async with stopping(start_scripted_worker) as start:
 
-    async def make(n: int, script: Script | None = None) -> list[ScriptedWorker]:
-        batch = [await start_scripted_worker(script) for _ in range(n)]
-        started.extend(batch)
-        return batch
+        async def make(n: int, script: Script | None = None) -> list[ScriptedWorker]:
+            return [await start(script) for _ in range(n)]
 
-    yield make
-    for worker in started:
-        await worker.stop()
+        yield make
 
 
 @pytest.fixture
 async def launch(tmp_path: Path) -> AsyncIterator[Launcher]:
     """``await launch(kind, flags, ready_path="/readiness")``: a router subprocess, stopped after."""
-    started: list[RouterProcess] = []
+    async with stopping(start_router) as start:
 
-    async def make(kind: str, flags: list[str], ready_path: str = "/readiness") -> RouterProcess:
-        router = await start_router(kind, flags, tmp_path, ready_path)
-        started.append(router)
-        return router
+        async def make(kind: str, flags: list[str], ready_path: str = "/readiness") -> RouterProcess:
+            return await start(kind, flags, tmp_path, ready_path)
 
-    yield make
-    for router in started:
-        await router.stop()
+        yield make
 
 
 @pytest.fixture
