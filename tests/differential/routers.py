@@ -21,6 +21,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM_VENV = ROOT / ".venv-upstream"
 UPSTREAM_BIN = UPSTREAM_VENV / "bin" / "vllm-router"
+UPSTREAM_LAUNCHER = Path(__file__).with_name("upstream_launcher.py")
 ROUTERS = ("upstream", "progrouter")
 START_DEADLINE_S = 30.0
 
@@ -38,7 +39,7 @@ def upstream_bin() -> Path:
 def command(kind: str) -> list[str]:
     """The command line that starts router ``kind`` ("upstream" or "progrouter"), before its flags."""
     if kind == "upstream":
-        return [str(upstream_bin())]
+        return [str(upstream_bin().with_name("python")), str(UPSTREAM_LAUNCHER)]
     return [sys.executable, "-m", "progrouter", "serve"]
 
 
