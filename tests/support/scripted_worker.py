@@ -37,6 +37,7 @@ class Script:
     fail_status: int = 500
     crash: bool = False
     stall: bool = False
+    health_status: int = 200  # what GET /health answers
 
 
 @dataclass
@@ -86,7 +87,7 @@ class ScriptedWorker:
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.seen.append(Seen(request.method, request.path, headers))
         if request.method == "GET" and request.path in HEALTH_PATHS:
-            return _info(request.path)
+            return _info(request.path, self.script.health_status)
         return await self._scripted(request)
 
     async def _scripted(self, request: web.Request) -> web.StreamResponse:
@@ -122,7 +123,9 @@ def _answer(status: int) -> web.Response:
     )
 
 
-def _info(path: str) -> web.Response:
+def _info(path: str, health_status: int) -> web.Response:
+    if path == "/health":
+        return web.Response(status=health_status)
     if path == "/v1/models":
         return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
     if path == "/get_load":
