@@ -57,16 +57,16 @@ async def wait_for(condition: Callable[[], bool], deadline_s: float, what: str) 
 
 
 def families(scrape: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """Prometheus text → {family: (type, label names)}; histogram/summary suffixes fold into the family.
-
-    A counter's family is named with ``_total`` either way (the wheel's TYPE line has it, prometheus_client's
-    does not).
+    """Prometheus text → {family: (type, label names)} for the families that have samples (the wheel shows a
+    family only once it has one; prometheus_client also lists empty labelled families). Histogram and summary
+    suffixes fold into the family; a counter's family is named with ``_total`` either way (the wheel's TYPE
+    line has it, prometheus_client's does not).
     """
     types = {
         name if kind != "counter" or name.endswith("_total") else name + "_total": kind
         for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", scrape, re.MULTILINE)
     }
-    labels: dict[str, set[str]] = {name: set() for name in types}
+    labels: dict[str, set[str]] = {}
     for line in scrape.splitlines():
         if not line or line.startswith("#"):
             continue
@@ -75,8 +75,9 @@ def families(scrape: str) -> dict[str, tuple[str, frozenset[str]]]:
         name = sample.group(0)
         family = next((f for f in (name, *_unsuffixed(name)) if f in types), None)
         if family is not None:
-            labels[family].update(k for k in re.findall(r'(\w+)="', line) if k not in ("le", "quantile"))
-    return {name: (kind, frozenset(labels[name])) for name, kind in types.items()}
+            names = (k for k in re.findall(r'(\w+)="', line) if k not in ("le", "quantile"))
+            labels.setdefault(family, set()).update(names)
+    return {name: (types[name], frozenset(found)) for name, found in labels.items()}
 
 
 def _unsuffixed(name: str) -> list[str]:
