@@ -34,8 +34,6 @@ def flags(urls: Iterable[str], *extra: str, policy: str = "round_robin") -> list
 WorkerFactory = Callable[..., Awaitable[list[ScriptedWorker]]]
 Launcher = Callable[..., Awaitable[RouterProcess]]
 
-pytestmark = pytest.mark.timeout(120)
-
 
 @pytest.fixture(params=ROUTERS)
 def kind(request: pytest.FixtureRequest) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -100,9 +99,7 @@ async def start_router(
     ]
     log = log_dir / f"{kind}-{port}.log"
     with log.open("wb") as out:
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdout=out, stderr=out, env={**os.environ, "RUST_LOG": "info"}
-        )
+        process = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out)
     router = RouterProcess(
         kind, argv, process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log
     )

@@ -54,10 +54,14 @@ class ScriptedWorker:
     url: str
     runner: web.AppRunner
     script: Script = field(default_factory=Script)
-    counts: Counter[str] = field(default_factory=Counter)
     seen: list[Seen] = field(default_factory=list)
     stalled: int = 0
     _gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Requests received per path (health checks included)."""
+        return Counter(s.path for s in self.seen)
 
     @property
     def proxied(self) -> list[Seen]:
@@ -68,7 +72,6 @@ class ScriptedWorker:
         """A fresh script and fresh counts, for the next scenario on the same worker."""
         self.release()
         self.script = script or Script()
-        self.counts.clear()
         self.seen.clear()
 
     def release(self) -> None:
@@ -83,7 +86,6 @@ class ScriptedWorker:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
-        self.counts[request.path] += 1
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.seen.append(Seen(request.method, request.path, headers))
         if request.method == "GET" and request.path in HEALTH_PATHS:
