@@ -30,22 +30,6 @@ async def test_full_router_answers_429_with_retry_after(
     assert (await post(http, router.url)).status == 200  # the slot came back
 
 
-async def test_queued_request_times_out_with_408(
-    kind: str, workers: WorkerFactory, launch: Launcher, http: aiohttp.ClientSession
-) -> None:
-    (worker,) = await workers(1)
-    limits = ["--max-concurrent-requests", "1", "--queue-size", "1", "--queue-timeout-secs", "1"]
-    router = await launch(kind, flags([worker.url], *limits))
-    worker.reset(Script(stall=True))
-    first = asyncio.ensure_future(post(http, router.url))
-    await wait_for(lambda: worker.stalled == 1, 5.0, "the first request to reach the worker")
-    queued = await post(http, router.url)  # waits in the queue, then gives up
-    assert queued.status == 408
-    assert len(worker.proxied) == 1
-    worker.release()
-    assert (await first).status == 200
-
-
 async def test_body_over_max_payload_size_is_413(
     kind: str, workers: WorkerFactory, launch: Launcher, http: aiohttp.ClientSession
 ) -> None:

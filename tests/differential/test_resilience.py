@@ -89,9 +89,10 @@ async def test_circuit_breaker_opens_half_opens_and_closes(
     async def send(n: int) -> list[int]:
         return [(await post(http, router.url)).status for _ in range(n)]
 
-    # Closed -> open: two failures in a row take A out; it is then skipped, not tried.
+    # Closed -> open: two failures take A out; it is then skipped, not tried. (Which worker round_robin
+    # starts with is not fixed: the wheel keeps its workers in hash-map order.)
     a.reset(Script(status=500))
-    assert await send(4) == [500, 200, 500, 200]
+    assert Counter(await send(4)) == {500: 2, 200: 2}
     assert await send(4) == [200] * 4
     assert len(a.proxied) == 2
 
