@@ -65,3 +65,17 @@ async def test_cors_preflight_for_allowed_origins(
     simple = await post(http, router.url, headers={"Origin": "http://a.example"})
     assert (simple.status, simple.headers.get("access-control-allow-origin")) == (200, "http://a.example")
     assert len(worker.proxied) == 1  # preflights are answered by the router, never proxied
+
+
+async def test_api_key_and_the_clients_authorization(
+    kind: str, workers: WorkerFactory, launch: Launcher, http: aiohttp.ClientSession
+) -> None:
+    """Where we differ (docs/router.md): ``--api-key`` is presented to workers here; the wheel passes the
+    client's Authorization through and never sends its key on a proxied request."""
+    (worker,) = await workers(1)
+    router = await launch(kind, flags([worker.url], "--api-key", "routerkey"))
+    await post(http, router.url)
+    await post(http, router.url, headers={"Authorization": "Bearer client"})
+    seen = [s.headers.get("authorization") for s in worker.proxied]
+    expected = {"upstream": [None, "Bearer client"], "progrouter": ["Bearer routerkey", "Bearer routerkey"]}
+    assert seen == expected[kind]
