@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import aiohttp
 
 from progrouter.engine.server import RunningEngine
 from support.factories import EngineFactory
+from support.scripted_worker import Script
 
 from .conftest import Launcher, WorkerFactory, flags
-from .helpers import post
+from .helpers import post, wait_for
 
 
 async def test_round_robin_spreads_evenly(
@@ -66,3 +68,26 @@ async def test_streams_a_chat_from_the_engine_emulator(
         events = [line for line in (await resp.text()).splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert len(events) >= 5  # one per generated token, then [DONE]
+
+
+async def test_sticky_least_loaded_binds_new_sessions_to_the_idler_worker(
+    kind: str, workers: WorkerFactory, launch: Launcher, http: aiohttp.ClientSession
+) -> None:
+    pool = await workers(2, Script(stall=True))
+    router = await launch(kind, flags((w.url for w in pool), policy="sticky_least_loaded"))
+
+    def stalled() -> list[int]:
+        return [w.stalled for w in pool]
+
+    first = asyncio.ensure_future(post(http, router.url, headers={"x-session-id": "busy"}))
+    await wait_for(lambda: sum(stalled()) == 1, 5.0, "the first session's request at a worker")
+    home = stalled().index(1)
+    second = asyncio.ensure_future(post(http, router.url, headers={"x-session-id": "new"}))
+    await wait_for(lambda: sum(stalled()) == 2, 5.0, "the new session's request at a worker")
+    assert stalled() == [1, 1]  # the new session went to the idle worker
+    again = asyncio.ensure_future(post(http, router.url, headers={"x-session-id": "busy"}))
+    await wait_for(lambda: sum(stalled()) == 3, 5.0, "the first session's second request")
+    assert stalled()[home] == 2  # bound: it stays although its worker is busier
+    for w in pool:
+        w.release()
+    assert [(await t).status for t in (first, second, again)] == [200, 200, 200]
