@@ -4,7 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck unit test-vllm vllm-env bench clean
+.PHONY: venv upstream demo test lint typecheck unit test-vllm vllm-env bench clean
+
+# The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
+# its own venv, never a dependency of the product.
+UPSTREAM_VERSION := 0.1.17
+UPSTREAM_VENV := .venv-upstream
+UPSTREAM_STAMP := $(UPSTREAM_VENV)/.installed-$(UPSTREAM_VERSION)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,6 +19,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(UPSTREAM_STAMP):
+	test -x $(UPSTREAM_VENV)/bin/python || $(PYTHON) -m venv $(UPSTREAM_VENV)
+	$(UPSTREAM_VENV)/bin/python -m pip install -q vllm-router==$(UPSTREAM_VERSION)
+	touch $(UPSTREAM_STAMP)
+
+upstream: $(UPSTREAM_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/progrouter demo
@@ -24,7 +37,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) $(UPSTREAM_STAMP)
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
@@ -36,4 +49,4 @@ test-vllm: $(STAMP) vllm-env
 	$(PY) -m pytest -q -m vllm tests/vllm
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(UPSTREAM_VENV) .mypy_cache .pytest_cache .ruff_cache
