@@ -325,7 +325,9 @@ def test_local_force_resume_estimate() -> None:
     est = policy.local_force_resume_estimate(
         target_rounds=6,
         throughput=0.5,
-        active_programs=[(2, True), (9, True), (9, False), (1, False)],
+        active_remaining_rounds=policy.total_active_remaining_rounds(
+            6, [(2, True), (9, True), (9, False), (1, False)]
+        ),
         waiters_ahead=2,
         max_timeout=300.0,
     )
@@ -334,7 +336,7 @@ def test_local_force_resume_estimate() -> None:
     assert est.timeout_seconds == pytest.approx(3 * 22 / 0.5)
     assert not est.fallback
     cold = policy.local_force_resume_estimate(
-        target_rounds=0, throughput=0.5, active_programs=[(0, True)], waiters_ahead=1, max_timeout=300.0
+        target_rounds=0, throughput=0.5, active_remaining_rounds=1.0, waiters_ahead=1, max_timeout=300.0
     )
     assert cold == policy.ForceResumeEstimate(300.0, 0.0, 0.0, 0.0, True)
 
@@ -343,18 +345,19 @@ def test_global_force_resume_estimate() -> None:
     ranks = {"a": (6, 0.5), "b": (4, 1.0)}
     est = policy.global_force_resume_estimate(
         rank_rounds_and_throughput=ranks,
-        active_programs=[("a", 2, True), ("b", 4, True), ("b", 9, False), ("gone", 0, True)],
-        waiters_ahead_last_targets=["a", "b", None],
+        active_remaining_rounds=policy.total_active_remaining_rounds(6, [(2, True)])
+        + policy.total_active_remaining_rounds(4, [(4, True), (9, False)]),
+        waiters_ahead=3,
         max_timeout=300.0,
     )
     assert est.active_remaining_rounds == 4.0 + 1.0 + 0.0
-    assert est.pool_remaining_rounds == 6.0 + 4.0 + 5.0  # unknown last_target → mean rounds
+    assert est.pool_remaining_rounds == 6.0 + 4.0 + 5.0  # each waiter ahead counts the mean rounds, 5
     assert est.request_throughput_per_second == 1.5
     assert est.timeout_seconds == pytest.approx(3 * 20 / 1.5)
     immature = policy.global_force_resume_estimate(
         rank_rounds_and_throughput={"a": (6, 0.5), "b": (0, 0.0)},
-        active_programs=[],
-        waiters_ahead_last_targets=[],
+        active_remaining_rounds=0.0,
+        waiters_ahead=0,
         max_timeout=300.0,
     )
     assert immature.fallback and immature.timeout_seconds == 300.0

@@ -3,8 +3,9 @@
 from progrouter.program.ledger import ObservationEpoch
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest, TimedOut
 from progrouter.program.pool import RequestHandle
+from progrouter.program.records import PauseReason
 from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.state import PauseReason, ProgramRef, ProgramState, ProgramStatus
+from progrouter.program.state import ProgramRef, ProgramState, ProgramStatus
 
 __all__ = [
     "Dispatched",

@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from progrouter.program.ledger import program_private_tokens
-from progrouter.program.outcomes import Dispatched, ProgramDispatch
+from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
     BatchGainEstimate,
     batch_gain_for_rank,
     growth_reserve,
     target_rounds,
 )
-from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
     from progrouter.program.core import Core
@@ -39,6 +37,11 @@ class Rejection(StrEnum):
     COUNT = "count"  # blocks every candidate that is not forced
     CAPACITY = "capacity"  # this candidate's demand does not fit; a smaller one might
     RESERVE = "reserve"  # fits now, not with the growth reserve, and batch gain does not cover it
+
+
+class Verdict(StrEnum):
+    ADMIT = "admit"  # fits with the growth reserve
+    BATCH_GAIN = "batch_gain"  # fits now, not with the reserve, and the best-case batch gain might cover it
 
 
 class RankView:
@@ -77,50 +80,46 @@ class RankView:
     def count_fits(self) -> bool:
         return self.active + 1 <= self._core.config.max_active_programs_per_target
 
-    def may_admit(self, required: int, uncached: int) -> bool:
-        """Could an unforced candidate be admitted, given lower bounds of the candidates' demand and
-        uncached context? False means no unforced candidate can: count, capacity, reserve and batch gain."""
+    def capacity_fits(self, required: float) -> bool:
+        """The immediate token check: ``used + required ≤ C × low_watermark`` (always, without capacity)."""
+        low = self.low_tokens
+        return low is None or self.used + required <= low
+
+    def judge(self, required: int, recovery_seconds: float) -> Rejection | Verdict:
+        """The admission rule for an unforced candidate with this demand and cold-start recovery cost: the
+        count guard, the immediate token check, the growth reserve, and the best-case batch gain. ``plan``
+        decides with it, the scheduling pass refuses early with it (from a queued Program's frozen facts,
+        or from lower bounds of a whole queue's), and binding shares its first two checks."""
         if not self.count_fits:
-            return False
+            return Rejection.COUNT
+        if not self.capacity_fits(required):
+            return Rejection.CAPACITY
         low = self.low_tokens
         if low is None or self.used + required + self.reserve <= low:
-            return True
-        if self.used + required > low:
-            return False
-        return self._batch_bound_allows(uncached)
+            return Verdict.ADMIT
+        if not self._batch_bound_covers(recovery_seconds):
+            return Rejection.RESERVE
+        return Verdict.BATCH_GAIN
 
-    def refuses_quickly(self, required: int, recovery_seconds: float) -> bool:
-        """For an unforced candidate on a Rank whose count fits: refused for capacity, or for the reserve
-        with a recovery cost the best-case batch gain cannot cover. Equal to ``plan``'s refusals."""
-        low = self.low_tokens
-        assert low is not None
-        if self.used + required > low:
-            return True
-        return self.used + required + self.reserve > low and not self._batch_bound_covers(recovery_seconds)
-
-    def _batch_bound_allows(self, uncached: int) -> bool:
-        """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
-        grows with the uncached context and the continuity loss with demand."""
-        return self._batch_bound_covers(
-            self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
-        )
+    def admits_some(self, required: int, uncached: int) -> bool:
+        """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
+        unforced candidate among them can be admitted."""
+        recovery = self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+        return not isinstance(self.judge(required, recovery), Rejection)
 
     def _batch_bound_covers(self, recovery_seconds: float) -> bool:
+        """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
+        grows with the uncached context and the continuity loss with demand."""
         if self._batch is None:
             self._batch = self._batch_inputs()
         best = self._batch.best
         return best.batch_gain_seconds >= recovery_seconds + best.continuity_loss_seconds
 
     def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
-        """Batch-gain admission of one reserve-failing candidate (upstream §3.6).
+        """Batch-gain admission of one reserve-failing candidate that passed the best-case bound (§3.6).
 
         The Rank's inputs are gathered once per view: the protected Programs enter as their total rounds
-        and mean impact, which is all the formula uses of them. A best-case estimate (empty candidate) bounds
-        every candidate: the gain only shrinks with context and the continuity loss only grows with demand,
-        so a candidate whose recovery alone exceeds the best-case margin is refused without the full model.
-        """
-        if not self._batch_bound_allows(max(0, context_tokens - shared_prefix_tokens)):
-            return False
+        and mean impact, which is all the formula uses of them."""
         assert self._batch is not None
         return self._batch.estimate(context_tokens, shared_prefix_tokens, float(required)).admits
 
@@ -201,136 +200,55 @@ def rank_view(core: Core, target_id: str, now: float) -> RankView:
     return RankView(core, target_id, now)
 
 
-def required_tokens(core: Core, program: Program) -> int:
-    """The candidate's private demand, with its front request's expected output if it gave one."""
-    front = core.pool.front_hints(program)
-    expected = front.expected_output_tokens if front is not None else None
-    return program_private_tokens(program, core.config.decode_buffer_tokens, expected)
+def recovery_seconds(core: Core, program: Program) -> float:
+    """What a cold start of the Program recomputes: the cache-miss impact of its uncached context."""
+    uncached = max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
+    return core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
 
 
 def plan(core: Core, view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
+    """Admit ``program`` on the view's Rank now? The waiting gate, then a forced resume, then ``judge``."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
-    deadline = program.force_resume_deadline
-    forced = deadline is not None and deadline <= now
-    required = program.queue_required if program.queue_key is not None else required_tokens(core, program)
-    count_fits = view.count_fits
-
-    def admit(batch_gain: bool = False) -> AdmissionPlan:
-        return AdmissionPlan(
-            view.target_id, forced, batch_gain, view.active, view.used, required, view.reserve
-        )
-
-    low = view.low_tokens
-    if low is None:
-        return admit() if forced or count_fits else Rejection.COUNT
-    immediate_fits = view.used + required <= low
-    if forced or (count_fits and immediate_fits and view.used + required + view.reserve <= low):
-        return admit()
-    if not count_fits:
-        return Rejection.COUNT
-    if not immediate_fits:
-        return Rejection.CAPACITY
-    admits = view.batch_gain_admits(program.estimated_context_tokens, program.shared_prefix_tokens, required)
-    return admit(batch_gain=True) if admits else Rejection.RESERVE
-
-
-def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: float) -> None:
-    """Activate ``program`` on the planned Rank and dispatch its retained requests."""
-    previous = program.last_target
-    target = plan.target_id
-    core.queues.remove(program)
-    core.table.activate(program, target, plan.required)
-    program.acting_since = None
-    program.ttl_deadline = None
-    if program.segment_started_at is None:
-        program.segment_started_at = now
-    program.paused_at = None
-    program.last_pause_reason = None  # clears the one-shot segment-yield marker
-    program.queued_at = None
-    program.force_resume_deadline = None
-    program.force_resume_timeout = None
-    program.force_resume_active_remaining_rounds = None
-    program.force_resume_pool_remaining_rounds = None
-    program.force_resume_request_throughput_per_second = None
-    observer = core.observer
-    capacity = core.config.token_capacity_per_dp_rank
-    observer.event(
-        "info",
-        "program_admit",
-        program=program.redacted,
-        target=target,
-        forced=plan.forced,
-        batch_gain=plan.batch_gain,
-        active_programs=plan.active,
-        used_tokens=plan.used,
-        required_tokens=plan.required,
-        reserve_tokens=plan.reserve,
-        capacity_tokens=capacity,
+    force = program.force_resume
+    forced = force is not None and force.deadline <= now
+    entry = program.queue_entry
+    required = (
+        entry.required
+        if entry is not None
+        else required_tokens(program, core.pool, core.config.decode_buffer_tokens)
     )
-    if not core.config.binding_only:
-        _admission_histograms(core, plan, now)
-    reason = "force_resume" if plan.forced else "batch_gain_admit" if plan.batch_gain else "program_admit"
-    observer.transition(target, reason)
-    if previous is not None and previous != target:
-        observer.transition(target, "cross_rank_resume")
-    dispatch_retained(core, program, now)
+    batch_gain = False
+    if not forced:
+        verdict = view.judge(required, recovery_seconds(core, program))
+        if isinstance(verdict, Rejection):
+            return verdict
+        if verdict is Verdict.BATCH_GAIN:
+            shared = program.shared_prefix.tokens
+            if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
+                return Rejection.RESERVE
+            batch_gain = True
+    return AdmissionPlan(
+        target_id=view.target_id,
+        forced=forced,
+        batch_gain=batch_gain,
+        active=view.active,
+        used=view.used,
+        required=required,
+        reserve=view.reserve,
+    )
 
 
-def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
-    observer = core.observer
-    target = plan.target_id
-    observer.histogram("admission_used_tokens", plan.used, target=target)
-    observer.histogram("admission_required_tokens", plan.required, target=target)
-    observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
-    capacity = core.config.token_capacity_per_dp_rank
-    if capacity is not None:
-        observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=target)
-        projected = (plan.used + plan.required + plan.reserve) / capacity
-        observer.histogram("admission_projected_pressure_ratio", projected, target=target)
-    account = core.ledger.accounts.get(target)
-    observation: BackendObservation | None = None if account is None else account.observation
-    if account is not None and observation is not None and account.observed_at is not None:
-        observer.histogram("admission_backend_kv_usage_ratio", observation.kv_cache_usage, target=target)
-        observer.histogram("admission_backend_running_requests", observation.running, target=target)
-        observer.histogram("admission_backend_waiting_requests", observation.waiting, target=target)
-        age = max(0.0, now - account.observed_at)
-        observer.histogram("admission_capacity_observation_age_seconds", age, target=target)
-
-
-def dispatch_retained(core: Core, program: Program, now: float) -> None:
-    """Send every retained request of an Active Program to its placement, front first."""
-    target_id = program.placement
-    assert target_id is not None
-    target = core.targets[target_id]
-    pool = core.pool
-    observer = core.observer
-    while pool.waiting(program):
-        request = pool.pop_front(program)
-        first = core.table.dispatched(program)
-        queued = max(0.0, now - request.arrived_at)
-        dispatch = ProgramDispatch(
-            handle=request.handle,
-            target=target,
-            program=program.ref,
-            placement_epoch=program.placement_epoch,
-            estimated_context_tokens=request.estimated_context_tokens,
-            arrived_at=request.arrived_at,
-            dispatched_at=now,
-            queued_seconds=queued,
-            hints=request.hints,
-            placement_start_request=first,
-        )
-        core.outstanding[request.handle.id] = dispatch
-        core.outcomes.append(Dispatched(request.handle, dispatch))
-        core.binder.commit(request.routing_text, target_id)
-        observer.histogram("queue_wait_seconds", queued, target=target_id)
-        observer.event(
-            "debug",
-            "request_dispatch",
-            program=program.redacted,
-            program_id=program.ref.program_id,
-            target=target_id,
-            queued_seconds=queued,
-            placement_start=first,
-        )
+def plan_binding_only(core: Core, program: Program, now: float) -> AdmissionPlan:
+    """``binding_only``: the Program is admitted on its last Rank with no capacity check at all."""
+    assert program.last_target is not None
+    view = rank_view(core, program.last_target, now)
+    return AdmissionPlan(
+        target_id=view.target_id,
+        forced=False,
+        batch_gain=False,
+        active=view.active,
+        used=view.used,
+        required=required_tokens(program, core.pool, core.config.decode_buffer_tokens),
+        reserve=0.0,
+    )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig
-from progrouter.program.admission import required_tokens
+from progrouter.program.ledger import required_tokens
 from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
 
@@ -124,7 +124,13 @@ def binding_candidates(
     for target_id in core.pool_targets.get(model_pool, []):
         rank = core.table.rank(target_id)
         queue = core.queues.get(target_id)
-        queued = [] if queue is None else [(p, required_tokens(core, p)) for p in queue.ordered()]
+        queued = (
+            []
+            if queue is None
+            else [
+                (p, required_tokens(p, core.pool, core.config.decode_buffer_tokens)) for p in queue.ordered()
+            ]
+        )
         usage = core.ledger.usage(target_id, now)
         pending_new = sum(tokens for p, tokens in queued if p.completed_requests == 0)
         pressure = 0.0 if capacity is None else min(1.0, max(0.0, (usage + pending_new) / capacity))

@@ -15,7 +15,8 @@ from progrouter.program.lineage import ProgramLineage
 from progrouter.program.observer import SchedulerObserver
 from progrouter.program.outcomes import Outcome, ProgramDispatch
 from progrouter.program.pool import RequestPool
-from progrouter.program.resume import RankQueues
+from progrouter.program.queues import RankQueues
+from progrouter.program.resume import ForceResumeWork
 from progrouter.program.state import ProgramTable
 from progrouter.program.timers import Timers
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -42,6 +43,7 @@ class Core:
         "targets",
         "timers",
         "tracked_pools",
+        "work",
     )
 
     def __init__(
@@ -59,6 +61,7 @@ class Core:
         self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds)
         self.table = ProgramTable(self.ledger, self.pool, config.max_segment_rounds)
         self.queues = RankQueues(pool_order=config.global_queue)
+        self.work = ForceResumeWork()
         self.binder = Binder(config, cache_index)
         self.timers = Timers()
         self.lineage = ProgramLineage()

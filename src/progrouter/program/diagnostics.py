@@ -197,6 +197,7 @@ def _program(core: Core, program: Program, now: float) -> dict[str, Any]:
     front = core.pool.front_hints(program)
     hints = front if front is not None else program.last_hints
     decode_buffer = core.config.decode_buffer_tokens
+    force, ttl = program.force_resume, program.acting_ttl
     return {
         "program": program.redacted,
         "generation": program.ref.generation,
@@ -221,25 +222,27 @@ def _program(core: Core, program: Program, now: float) -> dict[str, Any]:
         "last_target": program.last_target,
         "placement": program.placement,
         "estimated_context_tokens": program.estimated_context_tokens,
-        "shared_prefix_tokens": program.shared_prefix_tokens,
-        "shared_prefix_freshness_remaining_seconds": _remaining(program.shared_prefix_fresh_until, now),
+        "shared_prefix_tokens": program.shared_prefix.tokens,
+        "shared_prefix_freshness_remaining_seconds": _remaining(program.shared_prefix.fresh_until, now),
         "logical_tokens": program.estimated_context_tokens + decode_buffer,
         "private_tokens": program_private_tokens(program, decode_buffer),
         "charged_tokens": program.charged_tokens,
         "in_flight_requests": program.in_flight,
         "waiting_requests": core.pool.waiting(program),
-        "completed_requests": program.completed_requests,
-        "segment_served_rounds": program.segment_served_rounds,
+        "completed_requests": program.completions.requests,
+        "segment_served_rounds": program.segment.served_rounds,
         "rounds_since_activation": program.rounds_since_activation,
-        "rounds_since_ttl_pause": program.rounds_since_ttl_pause,
+        "rounds_since_ttl_pause": program.segment.rounds_since_ttl_pause,
         "pause_when_idle": program.pause_when_idle,
         "pause_reason": None if program.last_pause_reason is None else program.last_pause_reason.value,
-        "acting_seconds": None if program.acting_since is None else max(0.0, now - program.acting_since),
-        "queued_seconds": None if program.queued_at is None else max(0.0, now - program.queued_at),
-        "ttl_remaining_seconds": _remaining(program.ttl_deadline, now),
-        "force_resume_remaining_seconds": _remaining(program.force_resume_deadline, now),
-        "force_resume_timeout_seconds": program.force_resume_timeout,
-        "force_resume_active_remaining_rounds": program.force_resume_active_remaining_rounds,
-        "force_resume_pool_remaining_rounds": program.force_resume_pool_remaining_rounds,
-        "force_resume_request_throughput_per_second": program.force_resume_request_throughput_per_second,
+        "acting_seconds": None if ttl is None else max(0.0, now - ttl.since),
+        "queued_seconds": None if force is None else max(0.0, now - force.queued_at),
+        "ttl_remaining_seconds": None if ttl is None else _remaining(ttl.deadline, now),
+        "force_resume_remaining_seconds": None if force is None else _remaining(force.deadline, now),
+        "force_resume_timeout_seconds": None if force is None else force.timeout,
+        "force_resume_active_remaining_rounds": None if force is None else force.active_remaining_rounds,
+        "force_resume_pool_remaining_rounds": None if force is None else force.pool_remaining_rounds,
+        "force_resume_request_throughput_per_second": None
+        if force is None
+        else force.request_throughput_per_second,
     }

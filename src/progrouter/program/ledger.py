@@ -27,6 +27,7 @@ from progrouter.program.policy import (
 from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
+    from progrouter.program.pool import RequestPool
     from progrouter.program.state import Program, RankPrograms
 
 
@@ -36,11 +37,18 @@ def program_private_tokens(
     """A Program's private demand: max(0, context − shared prefix) + (expected output, else decode buffer)."""
     return private_tokens(
         program.estimated_context_tokens,
-        program.shared_prefix_tokens,
+        program.shared_prefix.tokens,
         expected_output_tokens=expected_output_tokens,
         output_token_reservation=program.output_token_reservation,
         decode_buffer_tokens=decode_buffer_tokens,
     )
+
+
+def required_tokens(program: Program, pool: RequestPool, decode_buffer_tokens: int) -> int:
+    """A waiting Program's demand: its private tokens with its front request's expected output, if given."""
+    front = pool.front_hints(program)
+    expected = front.expected_output_tokens if front is not None else None
+    return program_private_tokens(program, decode_buffer_tokens, expected)
 
 
 @dataclass(frozen=True, slots=True)

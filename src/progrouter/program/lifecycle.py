@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.admission import required_tokens
 from progrouter.program.factors import ContinuitySample, RequestSample
-from progrouter.program.ledger import program_private_tokens
-from progrouter.program.outcomes import ProgramDispatch
+from progrouter.program.ledger import program_private_tokens, required_tokens
+from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
 from progrouter.program.policy import (
     RepairVictim,
     cache_continuous,
@@ -33,7 +32,15 @@ from progrouter.program.policy import (
     repair_score,
     shared_prefix_freshness_seconds,
 )
-from progrouter.program.state import PauseReason, ProgramState, ProgramStatus
+from progrouter.program.records import (
+    ActingTTL,
+    Completions,
+    Pause,
+    PauseReason,
+    Segment,
+    SharedPrefix,
+)
+from progrouter.program.state import ProgramState, ProgramStatus
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
 
@@ -45,9 +52,59 @@ GENERATION_FENCE_MIN_SECONDS = 60.0
 
 
 # --------------------------------------------------------------------------------------------- arrival side
+def arrived(core: Core, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
+    """A request of ``program`` arrived (``new``: its generation was just created): its identity, step,
+    context and hints are the request's now, and it is Reasoning until it is idle again."""
+    identity = request.identity
+    if new:
+        program.pause = Pause(now, None)
+        program.step_id = identity.step_id if identity.step_id is not None else 0
+    else:
+        record_continuity(core, program, now)
+        program.identity = identity
+        program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
+    core.lineage.observe(
+        request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
+    )
+    if request.estimated_context_tokens > program.estimated_context_tokens:
+        core.table.set_context(program, request.estimated_context_tokens)
+    program.output_token_reservation = request.hints.expected_output_tokens
+    program.last_hints = request.hints
+    core.table.retain(program)
+
+
+def activated(program: Program, now: float) -> None:
+    """Admission placed the Program: no TTL, no pause (the segment-yield marker goes), a segment starts."""
+    program.acting_ttl = None
+    program.pause = None
+    if program.segment.started_at is None:
+        program.segment = program.segment._replace(started_at=now)
+
+
+def rebound(program: Program, now: float) -> None:
+    """A Paused Program got a new home: its segment ends and the next one observes the shared prefix
+    afresh; it counts as paused from now (keeping why it paused)."""
+    reason = None if program.pause is None else program.pause.reason
+    program.pause = Pause(now, reason)
+    program.acting_ttl = None
+    program.segment = program.segment._replace(started_at=None)
+    program.shared_prefix = program.shared_prefix._replace(observed=False)
+
+
+def withdrawn_idle(core: Core, program: Program, now: float) -> None:
+    """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
+    starts (or keeps) its retention clock."""
+    if program.completions.requests == 0:
+        release(core, program, now)
+    elif program.state is ProgramState.PAUSED:
+        if program.pause is None:
+            program.pause = Pause(now, None)
+        arm_retention(core, program)
+
+
 def record_continuity(core: Core, program: Program, now: float) -> None:
     """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
-    finished = program.last_request_finished_at
+    finished = program.completions.last_finished_at
     target = program.last_target
     if program.in_flight or finished is None or target is None or target not in core.targets:
         return
@@ -101,40 +158,36 @@ def complete(
         prompt,
         explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
     )
-    impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix_tokens)
+    impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
     hint_ttl = dispatch.hints.kv_retention_ttl_seconds
     idle = core.table.request_finished(program)
     if usage.prompt_tokens is not None:
         observe_context(core, program, usage.prompt_tokens)
     if success:
         _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
-        completion = usage.completion_tokens or 0
-        previous = program.last_context_tokens
+        previous = program.completions.last_context_tokens
         factors.push_request(
             RequestSample(
                 prompt_tokens=prompt,
-                completion_tokens=completion,
+                completion_tokens=usage.completion_tokens or 0,
                 cached_prompt_tokens=cached,
                 context_growth_tokens=context_growth(prompt, previous if previous > 0 else None),
                 e2e_seconds=max(0.0, now - dispatch.dispatched_at),
                 decode_seconds=decode_seconds,
                 queue_seconds=dispatch.queued_seconds,
-                rounds_since_ttl_pause=program.rounds_since_ttl_pause,
+                rounds_since_ttl_pause=program.segment.rounds_since_ttl_pause,
                 finished_at=now,
             )
         )
         core.ledger.dirty.add(target)  # the growth reserve and target rounds may have moved
-        program.last_context_tokens = prompt
-        program.last_completion_tokens = completion
-        program.lifetime_generated_tokens += completion
-        program.last_request_finished_at = now
+        program.completions = Completions(program.completions.requests + 1, now, prompt)
         core.table.set_impact(program, impact)
     program.output_token_reservation = None
     if program.active and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
     if not idle:
         return
-    if terminate or program.terminate_when_idle:
+    if terminate:
         release(core, program, now)
         return
     if program.pause_when_idle:
@@ -165,25 +218,27 @@ def _segment_bookkeeping(
 ) -> None:
     target = dispatch.target.id
     observer = core.observer
-    previous = program.last_context_tokens
+    previous = program.completions.last_context_tokens
     continuous = cache_continuous(previous if previous > 0 else None, cached)
+    segment = program.segment
+    started_at, served = segment.started_at, segment.served_rounds
     if dispatch.placement_start_request and (previous <= 0 or not continuous):
-        program.segment_served_rounds = 0
-        program.segment_started_at = dispatch.dispatched_at
-        fresh_until = program.shared_prefix_fresh_until
-        if not program.shared_prefix_observed or fresh_until is None or now >= fresh_until:
+        started_at, served = dispatch.dispatched_at, 0
+        shared = program.shared_prefix
+        if not shared.observed or shared.fresh_until is None or now >= shared.fresh_until:
             # Missing cached usage is no evidence of a shared prefix: it observes 0.
-            program.shared_prefix_tokens = explicit_cached or 0
-            program.shared_prefix_observed = True
-            program.shared_prefix_anchor_at = now
-            program.shared_prefix_fresh_until = now + shared_prefix_lifetime(core, target)
+            lifetime = shared_prefix_lifetime(core, target)
+            program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
             if explicit_cached is not None:
                 observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
-    program.completed_requests += 1
-    program.segment_served_rounds += 1
     if continuous:
         core.table.count_round(program)
-        program.rounds_since_ttl_pause += 1
+    program.segment = Segment(
+        started_at,
+        served + 1,
+        segment.ttl_pause_sampled_rounds,
+        segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
+    )
     if (
         explicit_cached is not None
         and previous > 0
@@ -203,7 +258,7 @@ def _segment_bookkeeping(
             uncached_tokens=uncached,
             estimated_miss_tokens=max(0, previous - explicit_cached),
             cache_miss_impact_seconds=impact,
-            segment_served_rounds=program.segment_served_rounds,
+            segment_served_rounds=program.segment.served_rounds,
         )
     observer.event(
         "debug",
@@ -242,8 +297,7 @@ def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -
     target = program.placement
     assert target is not None
     ttl = max(0.0, ttl)
-    program.acting_since = now
-    program.ttl_deadline = now + ttl
+    program.acting_ttl = ActingTTL(now, now + ttl)
     core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
     core.observer.event(
         "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
@@ -255,9 +309,10 @@ def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -
 
 
 def on_ttl_timer(core: Core, program: Program, now: float) -> None:
-    deadline = program.ttl_deadline
-    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or deadline is None:
+    acting = program.acting_ttl
+    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or acting is None:
         return
+    deadline = acting.deadline
     if deadline <= now:
         expire_ttl(core, program, now)
     else:
@@ -267,10 +322,12 @@ def on_ttl_timer(core: Core, program: Program, now: float) -> None:
 def expire_ttl(core: Core, program: Program, now: float) -> None:
     target = program.placement
     assert target is not None
-    rounds = program.segment_served_rounds - program.ttl_pause_sampled_segment_rounds
+    segment = program.segment
+    rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
     core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
-    program.ttl_pause_sampled_segment_rounds = program.segment_served_rounds
-    program.rounds_since_ttl_pause = 0
+    program.segment = segment._replace(
+        ttl_pause_sampled_rounds=segment.served_rounds, rounds_since_ttl_pause=0
+    )
     pause(core, program, PauseReason.TTL_EXPIRED, now)
 
 
@@ -279,14 +336,13 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
     """An idle Active Program gives its placement up; its KV is no longer protected."""
     released = program.charged_tokens
     target = core.table.pause(program)
-    program.paused_at = now
-    program.last_pause_reason = reason
-    program.acting_since = None
-    program.ttl_deadline = None
-    anchor, fresh_until = program.shared_prefix_anchor_at, program.shared_prefix_fresh_until
-    if anchor is not None and fresh_until is not None:
-        program.shared_prefix_anchor_at = now
-        program.shared_prefix_fresh_until = now + max(0.0, fresh_until - anchor)
+    program.pause = Pause(now, reason)
+    program.acting_ttl = None
+    shared = program.shared_prefix
+    if shared.anchor_at is not None and shared.fresh_until is not None:  # its freshness restarts now
+        program.shared_prefix = shared._replace(
+            anchor_at=now, fresh_until=now + max(0.0, shared.fresh_until - shared.anchor_at)
+        )
     core.observer.transition(target, reason.value)
     core.observer.event(
         "info",
@@ -301,16 +357,16 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
 
 def arm_retention(core: Core, program: Program) -> None:
     """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused."""
-    assert program.paused_at is not None
-    due = program.paused_at + core.config.paused_retention_ttl_seconds
+    assert program.pause is not None
+    due = program.pause.at + core.config.paused_retention_ttl_seconds
     core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
 
 
 def on_retention_timer(core: Core, program: Program, now: float) -> None:
-    paused_at = program.paused_at
-    if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or paused_at is None:
+    pause = program.pause
+    if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or pause is None:
         return  # it is waiting or Active again: the next pause arms a new release
-    due = paused_at + core.config.paused_retention_ttl_seconds
+    due = pause.at + core.config.paused_retention_ttl_seconds
     if due <= now:
         release(core, program, now, reason="paused_retention_release")
     else:
@@ -349,7 +405,7 @@ def segment_yield(core: Core, program: Program, now: float) -> None:
     waiter = None if queue is None else queue.first()
     if waiter is None:
         return
-    if required_tokens(core, waiter) > future_relief(core, target):
+    if required_tokens(waiter, core.pool, core.config.decode_buffer_tokens) > future_relief(core, target):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
 
 
@@ -381,13 +437,13 @@ def capacity_repair(core: Core, target_id: str, now: float) -> None:
         reasoning = program.status is ProgramStatus.REASONING
         if reasoning and (program.pause_when_idle or not program.in_flight):
             continue
-        started = program.segment_started_at
+        started = program.segment.started_at
         victim = RepairVictim(
             program_id=program.ref.program_id,
             reasoning=reasoning,
             score=repair_score(
                 0.0 if started is None else max(0.0, now - started),
-                program.estimated_context_tokens if reasoning else program.last_context_tokens,
+                program.estimated_context_tokens if reasoning else program.completions.last_context_tokens,
                 avg_prompt,
             ),
             private_tokens=program_private_tokens(program, decode_buffer),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -30,7 +30,6 @@ __all__ = [
     "ForceResumeEstimate",
     "RepairVictim",
     "acting_ttl_candidates",
-    "acting_ttl_utility",
     "active_remaining_rounds",
     "batch_gain_for_rank",
     "cache_continuous",
@@ -60,6 +59,7 @@ __all__ = [
     "shared_prefix_freshness_seconds",
     "target_rounds",
     "target_usage",
+    "total_active_remaining_rounds",
 ]
 
 # ---------------------------------------------------------------------------------------------------------
@@ -109,21 +109,6 @@ def acting_ttl_candidates(max_ttl: float) -> tuple[float, ...]:
     return tuple(candidates)
 
 
-def acting_ttl_utility(ttl: float, impact_seconds: float, fit: LogNormalFit) -> float:
-    """U(d) = C·Φ(z) − m·Φ(z − σ) − d·(1 − Φ(z)), z = (ln d − μ)/σ, m = E[T]; U(0) = 0.
-
-    Expected seconds saved by holding the KV for ``d``: the recompute ``C`` avoided when the next request
-    comes back within ``d``, minus the time the KV sits idle (the gap itself when it returns in time, ``d``
-    when it does not).
-    """
-    if ttl <= 0.0:
-        return 0.0
-    z = (math.log(ttl) - fit.mu) / fit.sigma
-    hit = normal_cdf(z)
-    truncated_mean = fit.mean * normal_cdf(z - fit.sigma)
-    return impact_seconds * hit - truncated_mean - ttl * (1.0 - hit)
-
-
 def fitted_acting_ttl_from_fit(
     fit: LogNormalFit | None,
     impact_seconds: float,
@@ -137,7 +122,9 @@ def fitted_acting_ttl_from_fit(
     max_ttl = min(max_acting_ttl_seconds, impact_seconds)
     if not max_ttl > 0.0 or not impact_seconds > 0.0:
         return 0.0
-    # acting_ttl_utility inlined: this loop runs on every completion once the window is mature.
+    # U(d) = C·Φ(z) − m·Φ(z − σ) − d·(1 − Φ(z)), z = (ln d − μ)/σ, m = E[T]; U(0) = 0: the expected
+    # seconds saved by holding the KV for d (the recompute C avoided when the next request comes back within
+    # d, minus the time the KV sits idle: the gap itself when it returns in time, d when it does not).
     mu, sigma, mean = fit.mu, fit.sigma, fit.mean
     erfc, log, k = math.erfc, math.log, _SQRT1_2
     best_ttl, best_utility = 0.0, 0.0  # U(0) = 0 is always a candidate
@@ -430,63 +417,51 @@ def force_resume_timeout(
     return min(max_timeout, max(minimum, estimate))
 
 
+def total_active_remaining_rounds(target_rounds: float, active_programs: Iterable[tuple[int, bool]]) -> float:
+    """Σ ``active_remaining_rounds`` over (rounds_since_activation, is_reasoning) of Active Programs."""
+    return math.fsum(
+        active_remaining_rounds(target_rounds, r, reasoning=reasoning) for r, reasoning in active_programs
+    )
+
+
 def local_force_resume_estimate(
     *,
     target_rounds: int,
     throughput: float,
-    active_programs: Iterable[tuple[int, bool]],
+    active_remaining_rounds: float,
     waiters_ahead: int,
     max_timeout: float,
 ) -> ForceResumeEstimate:
-    """Local mode. ``active_programs``: (rounds_since_activation, is_reasoning) of each Active Program on
-    the Rank; ``waiters_ahead``: paused waiters of the same rank queue (same last_target) ahead in resume
-    order."""
+    """Local mode: 3 × (the Rank's ``total_active_remaining_rounds`` + waiters ahead in its queue × target
+    rounds) / throughput; the static fallback until the Rank's window is mature."""
     if target_rounds <= 0 or not throughput > 0.0:
         return ForceResumeEstimate.static(max_timeout)
-    active = math.fsum(
-        active_remaining_rounds(target_rounds, r, reasoning=reasoning) for r, reasoning in active_programs
+    pool = float(waiters_ahead * max(target_rounds, 1))
+    timeout = force_resume_timeout(
+        active_remaining_rounds, pool, throughput, max_timeout, target_rounds=target_rounds
     )
-    pool = waiters_ahead * max(target_rounds, 1)
-    timeout = force_resume_timeout(active, pool, throughput, max_timeout, target_rounds=target_rounds)
-    return ForceResumeEstimate(timeout, active, pool, throughput, False)
+    return ForceResumeEstimate(timeout, active_remaining_rounds, pool, throughput, False)
 
 
 def global_force_resume_estimate(
     *,
-    rank_rounds_and_throughput: dict[str, tuple[int, float]],
-    active_programs: Iterable[tuple[str, int, bool]],
-    waiters_ahead_last_targets: Iterable[str | None],
+    rank_rounds_and_throughput: Mapping[str, tuple[int, float]],
+    active_remaining_rounds: float,
+    waiters_ahead: int,
     max_timeout: float,
 ) -> ForceResumeEstimate:
-    """Global mode over a model pool. ``rank_rounds_and_throughput``: target id → (target_rounds,
-    throughput) for every target of the pool (a target without factors → pass (0, 0.0)); any immature target
-    means the static fallback. ``active_programs``: (placement target id, rounds_since_activation,
-    is_reasoning); ``waiters_ahead_last_targets``: the last_target of each global waiter ahead."""
-    if not rank_rounds_and_throughput:
+    """Global mode over a model pool: summed throughput and remaining rounds of its Ranks, and each waiter
+    ahead in the pool's resume order counts the pool's mean target rounds (upstream weights it by its own
+    Rank's rounds; the mean keeps the count a bisection). ``rank_rounds_and_throughput``: target id →
+    (target rounds, throughput) of every Rank of the pool; any immature Rank means the static fallback."""
+    ranks = rank_rounds_and_throughput.values()
+    if not ranks or any(rounds <= 0 or not throughput > 0.0 for rounds, throughput in ranks):
         return ForceResumeEstimate.static(max_timeout)
-    for rounds, throughput in rank_rounds_and_throughput.values():
-        if rounds <= 0 or not throughput > 0.0:
-            return ForceResumeEstimate.static(max_timeout)
-    aggregate = math.fsum(t for _, t in rank_rounds_and_throughput.values())
-    active = math.fsum(
-        active_remaining_rounds(rank_rounds_and_throughput[target][0], r, reasoning=reasoning)
-        for target, r, reasoning in active_programs
-        if target in rank_rounds_and_throughput
-    )
-    mean_rounds = math.fsum(r for r, _ in rank_rounds_and_throughput.values()) / len(
-        rank_rounds_and_throughput
-    )
-    pool = math.fsum(
-        max(
-            float(rank_rounds_and_throughput[t][0])
-            if t is not None and t in rank_rounds_and_throughput
-            else mean_rounds,
-            1.0,
-        )
-        for t in waiters_ahead_last_targets
-    )
-    timeout = force_resume_timeout(active, pool, aggregate, max_timeout)
-    return ForceResumeEstimate(timeout, active, pool, aggregate, False)
+    aggregate = math.fsum(t for _, t in ranks)
+    mean_rounds = math.fsum(max(r, 1) for r, _ in ranks) / len(ranks)
+    pool = waiters_ahead * mean_rounds
+    timeout = force_resume_timeout(active_remaining_rounds, pool, aggregate, max_timeout)
+    return ForceResumeEstimate(timeout, active_remaining_rounds, pool, aggregate, False)
 
 
 def effective_force_resume_timeout(

@@ -19,22 +19,26 @@ from typing import Any
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program import lifecycle
-from progrouter.program.admission import (
-    AdmissionPlan,
-    commit_admission,
-    dispatch_retained,
-    rank_view,
-    required_tokens,
-)
+from progrouter.program.admission import plan_binding_only
 from progrouter.program.binding import binding_candidates
 from progrouter.program.core import Core
 from progrouter.program.diagnostics import publish_gauges, report_accounting_sources, snapshot
-from progrouter.program.ledger import ObservationEpoch, program_private_tokens
+from progrouter.program.dispatch import serve_active
+from progrouter.program.ledger import ObservationEpoch
 from progrouter.program.observer import NullObserver, SchedulerObserver
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest, TimedOut
 from progrouter.program.pool import PendingRequest, RequestHandle
-from progrouter.program.resume import cross_rank_pass, enqueue, on_force_timer, requeue, schedule_target
-from progrouter.program.state import AA, PA, Program, ProgramState
+from progrouter.program.resume import (
+    commit_admission,
+    cross_rank_pass,
+    enqueue,
+    on_force_timer,
+    requeue,
+    schedule_target,
+    stop_waiting,
+    wait,
+)
+from progrouter.program.state import AA, PA, Program
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import BackendObservation, NoTargets, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -108,6 +112,7 @@ class ProgramScheduler:
         core.ledger.forget(target_id)
         core.binder.remove_target(target_id)
         core.queues.drop_target(target_id)
+        core.work.forget(target_id)
         core.table.forget_rank(target_id)
 
     def _fail_over(self, program: Program, now: float) -> None:
@@ -136,11 +141,7 @@ class ProgramScheduler:
             now,
         )
         core.table.rebind(program, home)
-        program.paused_at = now
-        program.ttl_deadline = None
-        program.acting_since = None
-        program.segment_started_at = None
-        program.shared_prefix_observed = False  # the next segment observes the shared prefix afresh
+        lifecycle.rebound(program, now)
 
     def _bind(
         self, model_pool: str, hash_key: str, routing_text: str | None, context_tokens: int, now: float
@@ -168,41 +169,45 @@ class ProgramScheduler:
     def arrive(self, now: float, request: ProgramRequest) -> RequestHandle:
         """Retain a request of a Program; it is dispatched now or later (see ``take_outcomes``)."""
         core = self._core
-        config = self.config
-        model_pool = request.model_pool
         self._advance(now)
-        if not core.pool_targets.get(model_pool):
+        if not core.pool_targets.get(request.model_pool):
             raise NoTargets()
-        core.tracked_pools.add(model_pool)
-        identity, hints = request.identity, request.hints
-        program = core.table.get(model_pool, identity.program_id)
+        core.tracked_pools.add(request.model_pool)
+        program = core.table.get(request.model_pool, request.identity.program_id)
+        new = program is None
         if program is None:
             home = self._bind(
-                model_pool,
-                identity.placement_hash_key,
+                request.model_pool,
+                request.identity.placement_hash_key,
                 request.routing_text,
                 request.estimated_context_tokens,
                 now,
             )
-            program = core.table.materialize(now, model_pool, identity, home)
-            program.paused_at = now
-            program.step_id = identity.step_id if identity.step_id is not None else 0
+            program = core.table.materialize(now, request.model_pool, request.identity, home)
+        lifecycle.arrived(core, program, request, now, new=new)
+        request_deadline = self._retain(program, request, now)
+        if not program.active and program.last_target not in core.pool_targets[request.model_pool]:
+            self._rebind(program, now)
+        if program.active:
+            serve_active(core, program, now)
+        elif self.config.binding_only and program.last_target is not None:
+            commit_admission(core, program, plan_binding_only(core, program, now), now)
         else:
-            lifecycle.record_continuity(core, program, now)
-            program.identity = identity
-            program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
-        core.lineage.observe(
-            model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
-        )
-        if request.estimated_context_tokens > program.estimated_context_tokens:
-            core.table.set_context(program, request.estimated_context_tokens)
-        program.output_token_reservation = hints.expected_output_tokens
-        program.last_hints = hints
-        core.table.retain(program)
-        handle = core.pool.new_handle(program)
-        timeout = config.queue_timeout_seconds
+            wait(core, program, now)
+        self._decide(now)
+        handle, deadline = request_deadline
+        if core.pool.get(handle) is not None:  # still retained: it may time out
+            core.timers.add(deadline, TimerKind.QUEUE_TIMEOUT, handle)
+        return handle
+
+    def _retain(self, program: Program, request: ProgramRequest, now: float) -> tuple[RequestHandle, float]:
+        """Keep the request in the pool until its Program dispatches it; returns its handle and deadline."""
+        core = self._core
+        hints = request.hints
+        timeout = self.config.queue_timeout_seconds
         if hints.deadline_seconds is not None:
             timeout = min(timeout, hints.deadline_seconds)
+        handle = core.pool.new_handle(program)
         core.pool.push(
             program,
             PendingRequest(
@@ -214,28 +219,7 @@ class ProgramScheduler:
                 queue_deadline=now + timeout,
             ),
         )
-        if not program.active and program.last_target not in core.pool_targets[model_pool]:
-            self._rebind(program, now)
-        if program.active:
-            if not program.pause_when_idle:
-                demand = program_private_tokens(program, config.decode_buffer_tokens)
-                if demand > program.charged_tokens:
-                    core.ledger.recharge(program, demand)
-            dispatch_retained(core, program, now)
-        elif config.binding_only and program.last_target is not None:
-            view = rank_view(core, program.last_target, now)
-            plan = AdmissionPlan(
-                view.target_id, False, False, view.active, view.used, required_tokens(core, program), 0.0
-            )
-            commit_admission(core, program, plan, now)
-        elif program.queue_key is not None:
-            requeue(core, program, now)  # its demand grew: plan it again
-        else:
-            enqueue(core, program, now)
-        self._decide(now)
-        if core.pool.get(handle) is not None:  # still retained: it may time out
-            core.timers.add(now + timeout, TimerKind.QUEUE_TIMEOUT, handle)
-        return handle
+        return handle, now + timeout
 
     def cancel(self, now: float, handle: RequestHandle) -> None:
         """The client of a retained request went away; a dispatched request is ``complete``d instead."""
@@ -255,19 +239,11 @@ class ProgramScheduler:
         _, was_front = removed
         idle = core.table.request_withdrawn(program)
         if not core.pool.waiting(program):
-            core.queues.remove(program)
-            program.queued_at = None
-            program.force_resume_deadline = None
+            stop_waiting(core, program)
         elif was_front:
             requeue(core, program, now)  # the new front brings its own priority
-        if not idle:
-            return
-        if program.completed_requests == 0:
-            lifecycle.release(core, program, now)
-        elif program.state is ProgramState.PAUSED:
-            if program.paused_at is None:
-                program.paused_at = now
-            lifecycle.arm_retention(core, program)
+        if idle:
+            lifecycle.withdrawn_idle(core, program, now)
 
     def complete(
         self,
@@ -395,7 +371,7 @@ class ProgramScheduler:
         else:
             relevant = payload.phase == PA
         if not relevant:  # it resumed, or left the queue: the entry goes, and so does its registration
-            del payload.timer_due[kind]
+            core.timers.fired(payload, kind, when)
         return relevant
 
     def _advance(self, now: float) -> None:

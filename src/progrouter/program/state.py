@@ -10,9 +10,10 @@ newer one. A Program is in one of four phases, the product of two fields:
 Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
    ``last_target`` and generations, and the indexed facts ``rounds_since_activation``,
-   ``estimated_context_tokens`` and ``last_cache_miss_impact_seconds`` (each Rank keeps sums of them for the
-   growth reserve and batch gain). Everything else about a Program (timers, shared prefix, samples) is a
-   decision fact the policy modules update.
+   ``estimated_context_tokens``, ``last_cache_miss_impact_seconds`` and ``pause_when_idle`` (each Rank keeps
+   sums of them for the growth reserve, batch gain and repair). Every other field has one owner module
+   (``FIELD_OWNERS``) that replaces it whole — the decision records of records.py — and a test fails on any
+   write from elsewhere.
 2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
    ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
    Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
@@ -30,6 +31,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from progrouter.program.records import (
+    NO_COMPLETIONS,
+    NO_SEGMENT,
+    NO_SHARED_PREFIX,
+    ActingTTL,
+    Completions,
+    ForceResume,
+    Pause,
+    PauseReason,
+    QueueEntry,
+    QueueKey,
+    Segment,
+    SharedPrefix,
+)
 from progrouter.program.types import ProgramIdentity, RequestHints
 
 if TYPE_CHECKING:
@@ -47,14 +62,6 @@ class ProgramStatus(StrEnum):
     ACTING = "acting"
 
 
-class PauseReason(StrEnum):
-    TTL_EXPIRED = "ttl_expired"
-    CAPACITY_REPAIR = "capacity_repair"
-    MAX_SEGMENT_YIELD = "max_segment_yield"
-    REQUEST_FAILED = "request_failed"
-    REQUEST_CANCELLED = "request_cancelled"
-
-
 class Event(StrEnum):
     RETAIN = "retain"  # a request arrived for the Program
     ACTIVATE = "activate"  # admission committed a placement
@@ -65,8 +72,6 @@ class Event(StrEnum):
 
 
 Phase = tuple[ProgramState, ProgramStatus]
-#: a Program's place in its Rank queue (resume.py): tiers, order, program id, serial
-QueueKey = tuple[int, int, int, float, float, str, int]
 AR: Phase = (ProgramState.ACTIVE, ProgramStatus.REASONING)
 AA: Phase = (ProgramState.ACTIVE, ProgramStatus.ACTING)
 PR: Phase = (ProgramState.PAUSED, ProgramStatus.REASONING)
@@ -101,16 +106,60 @@ class ProgramRef:
         return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
+#: Who may assign each ``Program`` field (a module of this package); everyone else reads. The fields owned
+#: here are the phase, the placement and the facts the per-Rank indexes sum; the rest are records
+#: (records.py) or single facts replaced whole by their owner. tests/program/test_fence.py enforces it.
+FIELD_OWNERS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "state",
+            "status",
+            "placement",
+            "placement_epoch",
+            "placement_start_pending",
+            "in_flight",
+            "home_target",
+            "last_target",
+            "rounds_since_activation",
+            "estimated_context_tokens",
+            "last_cache_miss_impact_seconds",
+            "pause_when_idle",
+        ),
+        "state",
+    ),
+    "charged_tokens": "ledger",
+    "queue_entry": "queues",
+    "force_resume": "resume",
+    **dict.fromkeys(
+        (
+            "identity",
+            "step_id",
+            "last_hints",
+            "output_token_reservation",
+            "context_shrink_observations",
+            "acting_ttl",
+            "pause",
+            "segment",
+            "shared_prefix",
+            "completions",
+        ),
+        "lifecycle",
+    ),
+    "timer_due": "timers",
+}
+
+
 @dataclass(eq=False, slots=True)
 class Program:
-    """One Program generation: its phase (owned by ``ProgramTable``) and the decision facts policy updates."""
+    """One Program generation: its phase and placement (owned here) and the decision records policy
+    modules replace whole (``FIELD_OWNERS`` says who writes which)."""
 
     ref: ProgramRef
     identity: ProgramIdentity
     serial: int  # scheduler-wide creation order, a cheap unique tie-break
     redacted: str
     created_at: float
-    # --- owned by ProgramTable -----------------------------------------------------------------------
+    # --- phase and placement (ProgramTable) ----------------------------------------------------------
     state: ProgramState = ProgramState.PAUSED
     status: ProgramStatus = ProgramStatus.REASONING
     placement: str | None = None
@@ -119,52 +168,27 @@ class Program:
     in_flight: int = 0
     home_target: str | None = None
     last_target: str | None = None
-    # --- ledger (owned by CapacityLedger) ----------------------------------------------------------------
+    rounds_since_activation: int = 0  # indexed per Rank (growth reserve, batch gain)
+    estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
+    last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
+    pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
+    # --- ledger ---------------------------------------------------------------------------------------
     charged_tokens: int = 0
-    # --- token accounting -----------------------------------------------------------------------------
-    estimated_context_tokens: int = 0
-    output_token_reservation: int | None = None
-    context_shrink_observations: int = 0
-    shared_prefix_tokens: int = 0
-    shared_prefix_observed: bool = False
-    shared_prefix_anchor_at: float | None = None
-    shared_prefix_fresh_until: float | None = None
-    last_context_tokens: int = 0
-    last_completion_tokens: int = 0
-    lifetime_generated_tokens: int = 0
-    # --- rounds and segments --------------------------------------------------------------------------
-    completed_requests: int = 0
-    segment_served_rounds: int = 0
-    rounds_since_activation: int = 0
-    ttl_pause_sampled_segment_rounds: int = 0
-    rounds_since_ttl_pause: int = 0
-    segment_started_at: float | None = None
-    # --- timing --------------------------------------------------------------------------------------
-    last_request_finished_at: float | None = None
-    last_cache_miss_impact_seconds: float = 0.0
-    acting_since: float | None = None
-    ttl_deadline: float | None = None
-    queued_at: float | None = None
-    paused_at: float | None = None
-    # --- fairness ------------------------------------------------------------------------------------
-    force_resume_deadline: float | None = None
-    force_resume_timeout: float | None = None
-    force_resume_active_remaining_rounds: int | None = None
-    force_resume_pool_remaining_rounds: int | None = None
-    force_resume_request_throughput_per_second: float | None = None
-    # --- pause and termination -----------------------------------------------------------------------
-    last_pause_reason: PauseReason | None = None
-    pause_when_idle: bool = False
-    terminate_when_idle: bool = False
-    # --- misc ----------------------------------------------------------------------------------------
+    # --- resume ---------------------------------------------------------------------------------------
+    queue_entry: QueueEntry | None = None
+    force_resume: ForceResume | None = None
+    # --- lifecycle ------------------------------------------------------------------------------------
     step_id: int = 0
     last_hints: RequestHints = field(default_factory=RequestHints)
-    queue_key: QueueKey | None = None  # set while the Program sits in a Rank queue (resume.py)
-    queue_required: int = 0  # its private demand when (re)queued; queued Programs' inputs are frozen
-    queue_recovery: float = 0.0  # the cache-miss impact of its uncached context when (re)queued
-    timer_due: dict[int, float] = field(
-        default_factory=dict
-    )  # TimerKind -> its one pending entry (timers.py)
+    output_token_reservation: int | None = None
+    context_shrink_observations: int = 0
+    acting_ttl: ActingTTL | None = None
+    pause: Pause | None = None
+    segment: Segment = NO_SEGMENT
+    shared_prefix: SharedPrefix = NO_SHARED_PREFIX
+    completions: Completions = NO_COMPLETIONS
+    # --- timers ---------------------------------------------------------------------------------------
+    timer_due: dict[int, float] = field(default_factory=dict)  # TimerKind -> its one pending entry
 
     @property
     def phase(self) -> Phase:
@@ -181,6 +205,30 @@ class Program:
     @property
     def acting(self) -> bool:
         return self.status is ProgramStatus.ACTING
+
+    @property
+    def queue_key(self) -> QueueKey | None:
+        entry = self.queue_entry
+        return None if entry is None else entry.key
+
+    @property
+    def force_resume_deadline(self) -> float | None:
+        force = self.force_resume
+        return None if force is None else force.deadline
+
+    @property
+    def paused_at(self) -> float | None:
+        pause = self.pause
+        return None if pause is None else pause.at
+
+    @property
+    def last_pause_reason(self) -> PauseReason | None:
+        pause = self.pause
+        return None if pause is None else pause.reason
+
+    @property
+    def completed_requests(self) -> int:
+        return self.completions.requests
 
 
 class RankPrograms:

@@ -1,0 +1,61 @@
+"""Dispatch: an Active Program's retained requests go to its placement, front first, as ``Dispatched``
+outcomes; the scheduler remembers each until its completion."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from progrouter.program.ledger import program_private_tokens
+from progrouter.program.outcomes import Dispatched, ProgramDispatch
+
+if TYPE_CHECKING:
+    from progrouter.program.core import Core
+    from progrouter.program.state import Program
+
+
+def serve_active(core: Core, program: Program, now: float) -> None:
+    """A request of an Active Program: charge its grown demand (unless repair marked it to pause) and
+    dispatch at once — its KV is treated as resident, no admission check."""
+    if not program.pause_when_idle:
+        demand = program_private_tokens(program, core.config.decode_buffer_tokens)
+        if demand > program.charged_tokens:
+            core.ledger.recharge(program, demand)
+    dispatch_retained(core, program, now)
+
+
+def dispatch_retained(core: Core, program: Program, now: float) -> None:
+    """Send every retained request of an Active Program to its placement, front first."""
+    target_id = program.placement
+    assert target_id is not None
+    target = core.targets[target_id]
+    pool = core.pool
+    observer = core.observer
+    while pool.waiting(program):
+        request = pool.pop_front(program)
+        first = core.table.dispatched(program)
+        queued = max(0.0, now - request.arrived_at)
+        dispatch = ProgramDispatch(
+            handle=request.handle,
+            target=target,
+            program=program.ref,
+            placement_epoch=program.placement_epoch,
+            estimated_context_tokens=request.estimated_context_tokens,
+            arrived_at=request.arrived_at,
+            dispatched_at=now,
+            queued_seconds=queued,
+            hints=request.hints,
+            placement_start_request=first,
+        )
+        core.outstanding[request.handle.id] = dispatch
+        core.outcomes.append(Dispatched(request.handle, dispatch))
+        core.binder.commit(request.routing_text, target_id)
+        observer.histogram("queue_wait_seconds", queued, target=target_id)
+        observer.event(
+            "debug",
+            "request_dispatch",
+            program=program.redacted,
+            program_id=program.ref.program_id,
+            target=target_id,
+            queued_seconds=queued,
+            placement_start=first,
+        )

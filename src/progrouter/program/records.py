@@ -1,0 +1,97 @@
+"""A Program's decision state as small records, each written by exactly one module and replaced whole.
+
+A record is an immutable tuple: a module changes it by assigning a new one, so resetting a group of facts is
+one assignment and can never be partial. Who may assign which ``Program`` field is ``state.FIELD_OWNERS``;
+everyone else only reads (a test walks the package and fails on any other write).
+
+    record          owner         what it holds
+    QueueEntry      queues.py     the Program's place in its Rank queue and its frozen demand there
+    ForceResume     resume.py     when its wait began and the force-resume deadline frozen then
+    ActingTTL       lifecycle.py  the acting TTL armed at its last idle boundary
+    Pause           lifecycle.py  when and why it last gave its placement up
+    Segment         lifecycle.py  the continuous segment it is serving: start and round counters
+    SharedPrefix    lifecycle.py  the shared prefix observed at its last placement start, and its freshness
+    Completions     lifecycle.py  what its completed requests left behind
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class PauseReason(StrEnum):
+    TTL_EXPIRED = "ttl_expired"
+    CAPACITY_REPAIR = "capacity_repair"
+    MAX_SEGMENT_YIELD = "max_segment_yield"
+    REQUEST_FAILED = "request_failed"
+    REQUEST_CANCELLED = "request_cancelled"
+
+
+#: a Program's place in its Rank queue (resume.py): tiers, order, program id, serial
+QueueKey = tuple[int, int, int, float, float, str, int]
+
+
+class QueueEntry(NamedTuple):
+    """Set while the Program sits in a Rank queue; queued Programs' inputs are frozen until re-queued."""
+
+    key: QueueKey
+    required: int  # its private demand when (re)queued
+    recovery: float  # the cache-miss impact of its uncached context when (re)queued
+
+
+class ForceResume(NamedTuple):
+    """Frozen when the Program starts waiting; gone when it is admitted or has nothing left to wait for."""
+
+    queued_at: float
+    deadline: float
+    timeout: float
+    active_remaining_rounds: int
+    pool_remaining_rounds: int
+    request_throughput_per_second: float
+
+
+class ActingTTL(NamedTuple):
+    """An idle Active Program keeps its placement until ``deadline`` (its tool call started at ``since``)."""
+
+    since: float
+    deadline: float
+
+
+class Pause(NamedTuple):
+    """A Paused Program's pause; ``reason`` is None for a new Program (never placed) and after rebinding
+    keeps the reason it had. Admission clears the whole record (the segment-yield marker is one-shot)."""
+
+    at: float
+    reason: PauseReason | None
+
+
+class Segment(NamedTuple):
+    """The continuous segment: its start, rounds served, and rounds since the last TTL pause."""
+
+    started_at: float | None = None
+    served_rounds: int = 0
+    ttl_pause_sampled_rounds: int = 0  # served_rounds when the last TTL pause sampled them
+    rounds_since_ttl_pause: int = 0
+
+
+class SharedPrefix(NamedTuple):
+    """Tokens of the Program's context other Programs share, observed once per placement start (§3.15)."""
+
+    tokens: int = 0
+    observed: bool = False
+    anchor_at: float | None = None
+    fresh_until: float | None = None
+
+
+class Completions(NamedTuple):
+    """What the Program's completed requests left: how many, the last finish and its prompt size."""
+
+    requests: int = 0
+    last_finished_at: float | None = None
+    last_context_tokens: int = 0
+
+
+NO_SEGMENT = Segment()
+NO_SHARED_PREFIX = SharedPrefix()
+NO_COMPLETIONS = Completions()
