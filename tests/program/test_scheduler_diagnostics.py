@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -130,3 +131,61 @@ def test_identity_free_traffic_leaves_no_trace(harness: Any) -> None:
     assert h.scheduler.tracked_targets() == []  # nothing to poll until a Program arrives
     h.arrive("a")
     assert [t.id for t in h.scheduler.tracked_targets()] == [T0]
+
+
+# ---------------------------------------------------------------------------------------- read-only
+def _drive(h: Harness, seed: int, *, look: bool) -> list[tuple[str, float, str]]:
+    """A seeded mix of arrivals, completions, cancels, observations and ticks over two Ranks under
+    pressure; ``look`` takes the diagnostics twice after every event. Returns what the scheduler decided."""
+    rng = random.Random(seed)
+    handles: list[Any] = []
+    for _ in range(400):
+        h.at(h.now + rng.uniform(0.0, 0.4))
+        action = rng.random()
+        if action < 0.45:
+            ttl = rng.choice([None, 0.0, 1.0])
+            handles.append(
+                h.arrive(f"p{rng.randrange(12)}", rng.randint(100, 900), kv_retention_ttl_seconds=ttl)
+            )
+        elif action < 0.8:
+            done = [x for x in handles if h.dispatched(x)]
+            if done:
+                handle = done[rng.randrange(len(done))]
+                handles.remove(handle)
+                prompt = rng.randint(100, 1200)
+                h.complete(handle, prompt=prompt, cached=rng.choice([None, prompt // 2, prompt]))
+        elif action < 0.85:
+            waiting = [x for x in handles if not h.dispatched(x)]
+            if waiting:
+                handle = waiting[rng.randrange(len(waiting))]
+                handles.remove(handle)
+                h.cancel(handle)
+        elif action < 0.92:
+            h.observe({T0: BackendObservation(rng.random(), rng.randint(0, 4), rng.randint(0, 2))})
+        else:
+            h.tick()
+        if look:
+            h.diagnostics()
+            h.diagnostics()
+    return [
+        (pid, d.dispatched_at, d.target.id)
+        for pid, d in zip(h.dispatch_order, h.dispatches.values(), strict=True)
+    ] + [("timed_out", 0.0, str(handle.id)) for handle in h.timed_out]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_taking_diagnostics_twice_changes_no_scheduling_outcome(seed: int) -> None:
+    config: dict[str, Any] = {
+        "token_capacity_per_dp_rank": 3000,
+        "max_active_programs_per_target": 4,
+        "stats_window_size": 5,
+        "admission_waiting_request_threshold": 2,
+        "queue_timeout_seconds": 20.0,
+        "force_resume_timeout_seconds": 5.0,
+    }
+    quiet, watched = Harness([T0, T1], **config), Harness([T0, T1], **config)
+    decided = _drive(quiet, seed, look=False)
+    assert decided == _drive(watched, seed, look=True)
+    assert len(decided) > 50  # the scenario does decide things
+    assert quiet.diagnostics() == watched.diagnostics()
+    assert quiet.observer.events == watched.observer.events

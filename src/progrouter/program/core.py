@@ -8,6 +8,7 @@ admission, lifecycle and resume can be plain functions of ``(core, …)``.
 from __future__ import annotations
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.agenda import Agenda
 from progrouter.program.binding import Binder
 from progrouter.program.factors import RankFactors
 from progrouter.program.ledger import CapacityLedger
@@ -25,6 +26,7 @@ from progrouter.routing.target import Target
 
 class Core:
     __slots__ = (
+        "agenda",
         "binder",
         "config",
         "factors",
@@ -58,9 +60,10 @@ class Core:
         self.low_tokens: float | None = None if capacity is None else capacity * config.low_watermark_ratio
         self.high_tokens: float | None = None if capacity is None else capacity * config.high_watermark_ratio
         self.pool = RequestPool()
-        self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds)
+        self.agenda = Agenda()
+        self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds, self.agenda)
         self.table = ProgramTable(self.ledger, self.pool, config.max_segment_rounds)
-        self.queues = RankQueues(pool_order=config.global_queue)
+        self.queues = RankQueues(self.agenda, pool_order=config.global_queue)
         self.work = ForceResumeWork()
         self.binder = Binder(config, cache_index)
         self.timers = Timers()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from progrouter.program.ledger import program_private_tokens
+from progrouter.program.ledger import RankAccount, program_private_tokens
 from progrouter.program.lifecycle import future_relief
 from progrouter.program.policy import CapacityAccountingSource, fitted_acting_ttl_for_rank, observation_fresh
 from progrouter.program.state import ProgramState, ProgramStatus
@@ -20,18 +20,15 @@ if TYPE_CHECKING:
     from progrouter.program.state import Program
 
 
-def report_accounting_sources(core: Core, now: float) -> None:
-    """Log each Rank's capacity-accounting source once per change: WARN into a fallback, INFO on recovery."""
+def report_accounting_sources(
+    core: Core,
+    changes: list[tuple[str, CapacityAccountingSource | None, CapacityAccountingSource]],
+    now: float,
+) -> None:
+    """Log each change of a Rank's capacity-accounting source: WARN into a fallback, INFO on recovery."""
     ledger = core.ledger
     freshness = ledger.freshness_seconds
-    for target_id in core.targets:
-        account = ledger.account(target_id)
-        current = ledger.source(target_id, now)
-        previous = account.reported_source
-        if previous == current:
-            continue
-        account.reported_source = current
-        ledger.dirty.add(target_id)  # usage may now come from the other source
+    for target_id, previous, current in changes:
         if previous is None:
             continue
         age = ledger.observation_age(target_id, now)
@@ -60,7 +57,7 @@ def publish_gauges(core: Core, now: float) -> None:
     observer = core.observer
     max_ttl = core.config.max_acting_ttl_seconds
     for target_id in core.targets:
-        rank = core.table.rank(target_id)
+        rank = core.table.peek_rank(target_id)
         observer.gauge("rank_queue_size", core.queues.size(target_id), target=target_id)
         observer.gauge("rank_active_programs", rank.active_count, target=target_id)
         fresh = core.ledger.fresh_observation(target_id, now) is not None
@@ -99,8 +96,8 @@ def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
     config = core.config
     target = core.targets[target_id]
     ledger = core.ledger
-    account = ledger.account(target_id)
-    rank = core.table.rank(target_id)
+    account = ledger.accounts.get(target_id) or RankAccount()
+    rank = core.table.peek_rank(target_id)
     capacity = config.token_capacity_per_dp_rank
     used = ledger.usage(target_id, now)
     observation = account.observation
@@ -130,7 +127,7 @@ def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
         if checkpoint is None
         else checkpoint.active_reasoning_requests,
         "active_program_token_delta_since_observation": account.delta,
-        "future_pause_relief_tokens": future_relief(core, target_id),
+        "future_pause_relief_tokens": future_relief(rank, core.config.decode_buffer_tokens),
         "active_acting_private_tokens": sum(p.charged_tokens for p in rank.acting),
         "router_minus_vllm_used_tokens": None if native is None else used - native,
         "router_active_programs": rank.active_count,

@@ -11,7 +11,7 @@ estimate wins; otherwise the ledger is used, and the ``capacity_accounting_sourc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from progrouter.program.policy import (
 from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
+    from progrouter.program.agenda import Agenda
     from progrouter.program.pool import RequestPool
     from progrouter.program.state import Program, RankPrograms
 
@@ -87,15 +88,15 @@ class RankAccount:
 
 
 class CapacityLedger:
-    """Per-Rank accounts. Every change marks the Rank ``dirty`` so scheduling re-examines it."""
+    """Per-Rank accounts. Every change puts the Rank on the agenda so scheduling re-examines it."""
 
-    def __init__(self, capacity_tokens: int | None, metrics_interval_seconds: float) -> None:
+    def __init__(self, capacity_tokens: int | None, metrics_interval_seconds: float, agenda: Agenda) -> None:
         self.capacity_tokens = capacity_tokens
         self.metrics_interval_seconds = metrics_interval_seconds
         self.freshness_seconds = OBSERVATION_FRESHNESS_INTERVALS * metrics_interval_seconds
         self.accounts: dict[str, RankAccount] = {}
-        self.dirty: set[str] = set()
-        self.revision = 0
+        self._agenda = agenda
+        self._revision = 0
 
     def account(self, target_id: str) -> RankAccount:
         account = self.accounts.get(target_id)
@@ -106,7 +107,14 @@ class CapacityLedger:
     def forget(self, target_id: str) -> None:
         """Drop a removed Rank's account and observation (its Programs were discharged already)."""
         self.accounts.pop(target_id, None)
-        self.dirty.discard(target_id)
+
+    @property
+    def revision(self) -> int:
+        """Changes whenever the Rank set does: an observation begun under another revision is dropped."""
+        return self._revision
+
+    def rank_set_changed(self) -> None:
+        self._revision += 1
 
     # -------------------------------------------------------------------------------------------- ledger
     def charge(self, program: Program, target_id: str, tokens: int) -> None:
@@ -114,7 +122,7 @@ class CapacityLedger:
         account.ledger_tokens += tokens
         account.delta += tokens
         program.charged_tokens = tokens
-        self.dirty.add(target_id)
+        self._agenda.capacity_changed(target_id)
 
     def recharge(self, program: Program, tokens: int) -> None:
         """An Active Program's demand changed (growth at arrival, completion): move the ledger by the diff."""
@@ -127,15 +135,32 @@ class CapacityLedger:
             account.ledger_tokens += diff
             account.delta += diff
             program.charged_tokens = tokens
-            self.dirty.add(target)
+            self._agenda.capacity_changed(target)
 
     def discharge(self, program: Program, target_id: str) -> None:
         account = self.accounts.get(target_id)
         if account is not None:
             account.ledger_tokens -= program.charged_tokens
             account.delta -= program.charged_tokens
-            self.dirty.add(target_id)
+            self._agenda.capacity_changed(target_id)
         program.charged_tokens = 0
+
+    def review_sources(
+        self, target_ids: Iterable[str], now: float
+    ) -> list[tuple[str, CapacityAccountingSource | None, CapacityAccountingSource]]:
+        """Each Rank whose capacity-accounting source changed since the last review: (target, previous,
+        current); previous is None at a Rank's first review. Usage may now come from the other source, so
+        each such Rank goes on the agenda."""
+        changes = []
+        for target_id in target_ids:
+            account = self.account(target_id)
+            current = self.source(target_id, now)
+            previous = account.reported_source
+            if previous != current:
+                account.reported_source = current
+                self._agenda.capacity_changed(target_id)
+                changes.append((target_id, previous, current))
+        return changes
 
     # ------------------------------------------------------------------------------------------- reading
     def observation_age(self, target_id: str, now: float) -> float | None:
@@ -222,6 +247,6 @@ class CapacityLedger:
                 else account.est_active_program_tokens - checkpoint.acting_private_tokens
             )
             account.delta -= checkpoint.delta
-            self.dirty.add(target_id)
+            self._agenda.capacity_changed(target_id)
             updated.append(target_id)
         return updated

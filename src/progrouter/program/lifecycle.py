@@ -46,7 +46,7 @@ from progrouter.program.types import UsageObservation
 
 if TYPE_CHECKING:
     from progrouter.program.core import Core
-    from progrouter.program.state import Program
+    from progrouter.program.state import Program, RankPrograms
 
 GENERATION_FENCE_MIN_SECONDS = 60.0
 
@@ -179,7 +179,7 @@ def complete(
                 finished_at=now,
             )
         )
-        core.ledger.dirty.add(target)  # the growth reserve and target rounds may have moved
+        core.agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
         program.completions = Completions(program.completions.requests + 1, now, prompt)
         core.table.set_impact(program, impact)
     program.output_token_reservation = None
@@ -385,12 +385,11 @@ def release(core: Core, program: Program, now: float, *, reason: str | None = No
 
 
 # --------------------------------------------------------------------------------------------- segment yield
-def future_relief(core: Core, target_id: str) -> int:
+def future_relief(rank: RankPrograms, decode_buffer_tokens: int) -> int:
     """Private tokens that marked Reasoning Programs will give back at their idle boundary."""
-    decode_buffer = core.config.decode_buffer_tokens
     return sum(
-        program_private_tokens(p, decode_buffer)
-        for p in core.table.rank(target_id).marked
+        program_private_tokens(p, decode_buffer_tokens)
+        for p in rank.marked
         if p.status is ProgramStatus.REASONING
     )
 
@@ -405,7 +404,10 @@ def segment_yield(core: Core, program: Program, now: float) -> None:
     waiter = None if queue is None else queue.first()
     if waiter is None:
         return
-    if required_tokens(waiter, core.pool, core.config.decode_buffer_tokens) > future_relief(core, target):
+    decode_buffer = core.config.decode_buffer_tokens
+    if required_tokens(waiter, core.pool, decode_buffer) > future_relief(
+        core.table.rank(target), decode_buffer
+    ):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
 
 

@@ -3,7 +3,7 @@
 A queue holds sorted keys (resume.py computes them) and the Programs' ``QueueEntry`` records, which this
 module alone writes. Besides the order it keeps lower bounds of the queued Programs' demand and uncached
 context, so a scheduling pass can tell in O(1) that nobody unforced fits. ``RankQueues`` also remembers
-which Ranks have Programs queued or re-keyed since their last pass (``pending_targets``).
+puts a Rank on the scheduler's agenda whenever a Program is queued or re-keyed there.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from progrouter.program.records import QueueEntry, QueueKey
 
 if TYPE_CHECKING:
+    from progrouter.program.agenda import Agenda
     from progrouter.program.state import Program
 
 
@@ -134,11 +135,11 @@ def _queue_key(program: Program) -> QueueKey:
 class RankQueues:
     """Rank queues by target id, plus which Ranks have pending (unplanned) candidates."""
 
-    __slots__ = ("_pool_keys", "_queues", "pending_targets")
+    __slots__ = ("_agenda", "_pool_keys", "_queues")
 
-    def __init__(self, *, pool_order: bool) -> None:
+    def __init__(self, agenda: Agenda, *, pool_order: bool) -> None:
         self._queues: dict[str, RankQueue] = {}
-        self.pending_targets: set[str] = set()
+        self._agenda = agenda
         # global_queue: every waiter of a pool in one resume order, to count the waiters ahead cheaply
         self._pool_keys: dict[str, list[QueueKey]] | None = {} if pool_order else None
 
@@ -161,7 +162,7 @@ class RankQueues:
             queue = self._queues[target] = RankQueue()
         queue.insert(program, entry)
         key = entry.key
-        self.pending_targets.add(target)
+        self._agenda.candidates_arrived(target)
         if self._pool_keys is not None:
             bisect.insort(self._pool_keys.setdefault(program.ref.model_pool, []), key)
 
@@ -182,7 +183,6 @@ class RankQueues:
     def drop_target(self, target_id: str) -> list[Program]:
         """Empty a Rank's queue (it left); returns its Programs in order."""
         queue = self._queues.pop(target_id, None)
-        self.pending_targets.discard(target_id)
         if queue is None:
             return []
         programs = queue.ordered()

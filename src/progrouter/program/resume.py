@@ -11,7 +11,7 @@ Cross-Rank candidates (``global_queue``) use tiers 1–3, then always FCFS.
 Each Rank queue is a sorted list of keys, keyed by the Program's last Rank (in ``global_queue`` mode too: the
 local-first pass is exactly "each Rank schedules its own waiters"). A key changes only when its inputs do
 (the force deadline passes, the front request leaves), so it is re-inserted then. A scheduling pass scans a
-queue in order only when the Rank's capacity state changed (``CapacityLedger.dirty``); otherwise only the
+queue in order only when the Rank's capacity state changed (``Agenda``); otherwise only the
 Programs queued or re-keyed since the last pass (``pending``) are planned, because every other candidate was
 already refused against the very same Rank state. Scanning stops early when a refusal applies to everyone
 behind (the waiting gate, the count guard for non-forced candidates).
@@ -306,7 +306,6 @@ def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
 def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> None:
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
-    dirty = core.ledger.dirty
     while queue is not None and len(queue):
         if full:
             candidates: Iterator[Program] = queue.iter_ordered()
@@ -316,7 +315,7 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
             if not pending:
                 return
             candidates = iter(pending)
-        dirty.discard(target_id)
+        core.agenda.settled(target_id)
         view = rank_view(core, target_id, now)
         if view.gate_blocked:
             return

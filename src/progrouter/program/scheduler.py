@@ -82,7 +82,7 @@ class ProgramScheduler:
         if old_ids == new_ids:
             core.targets.update(by_id)
             return
-        core.ledger.revision += 1
+        core.ledger.rank_set_changed()
         core.pool_targets[model_pool] = new_ids
         core.binder.pool_changed(model_pool)
         for target_id, target in by_id.items():
@@ -110,6 +110,7 @@ class ProgramScheduler:
         del core.targets[target_id]
         core.factors.pop(target_id, None)
         core.ledger.forget(target_id)
+        core.agenda.forget(target_id)
         core.binder.remove_target(target_id)
         core.queues.drop_target(target_id)
         core.work.forget(target_id)
@@ -287,7 +288,7 @@ class ProgramScheduler:
         """The periodic pass (every ``metrics_interval_seconds``, and at ``next_deadline``)."""
         core = self._core
         self._advance(now)
-        report_accounting_sources(core, now)
+        report_accounting_sources(core, core.ledger.review_sources(core.targets, now), now)
         if not self.config.binding_only:
             for target_id in sorted(core.targets):
                 lifecycle.capacity_repair(core, target_id, now)
@@ -392,7 +393,7 @@ class ProgramScheduler:
             elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
-                    core.ledger.dirty.add(payload)
+                    core.agenda.capacity_changed(payload)
             else:
                 assert isinstance(payload, Program)
                 if core.table.lookup(payload.ref) is not payload or not core.timers.fired(
@@ -416,17 +417,16 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
-        dirty = core.ledger.dirty
-        pending = core.queues.pending_targets
+        agenda = core.agenda
         repair = not self.config.binding_only
-        while dirty or pending:
-            for target_id in sorted(dirty | pending):
-                full = target_id in dirty
-                pending.discard(target_id)
+        while agenda:
+            for target_id in agenda.due():
+                full = agenda.needs_full_pass(target_id)
+                agenda.candidates_taken(target_id)
                 if target_id not in core.targets:
-                    dirty.discard(target_id)
+                    agenda.settled(target_id)
                     continue
                 if full and repair:
                     lifecycle.capacity_repair(core, target_id, now)
                 schedule_target(core, target_id, now, full=full)
-                dirty.discard(target_id)
+                agenda.settled(target_id)

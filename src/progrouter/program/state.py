@@ -316,6 +316,11 @@ class ProgramTable:
             ranks = self._ranks[target_id] = RankPrograms(self._max_rounds)
         return ranks
 
+    def peek_rank(self, target_id: str) -> RankPrograms:
+        """A Rank's indexes for reading only: an unknown Rank reads as empty and stays unknown."""
+        ranks = self._ranks.get(target_id)
+        return ranks if ranks is not None else RankPrograms(self._max_rounds)
+
     def unbound(self, model_pool: str) -> list[Program]:
         return list(self._unbound.get(model_pool, ()))
 

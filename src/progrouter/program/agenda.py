@@ -1,0 +1,45 @@
+"""The scheduler's work queue: which Ranks an event must look at before it returns. One owner, named methods.
+
+Two reasons put a Rank on the agenda. Its *capacity changed* (the ledger moved, an observation arrived or
+lapsed, its statistics moved): it gets capacity repair and a full scan of its queue. Or *candidates arrived*
+(Programs were queued or re-keyed there): only those are planned, because every other candidate was already
+refused against the very same Rank state. Diagnostics never touch it.
+"""
+
+from __future__ import annotations
+
+
+class Agenda:
+    __slots__ = ("_candidates", "_changed")
+
+    def __init__(self) -> None:
+        self._changed: set[str] = set()
+        self._candidates: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._changed or self._candidates)
+
+    def capacity_changed(self, target_id: str) -> None:
+        self._changed.add(target_id)
+
+    def candidates_arrived(self, target_id: str) -> None:
+        self._candidates.add(target_id)
+
+    def due(self) -> list[str]:
+        """The Ranks on the agenda now, in id order."""
+        return sorted(self._changed | self._candidates)
+
+    def needs_full_pass(self, target_id: str) -> bool:
+        return target_id in self._changed
+
+    def candidates_taken(self, target_id: str) -> None:
+        """The Rank's new candidates are being planned."""
+        self._candidates.discard(target_id)
+
+    def settled(self, target_id: str) -> None:
+        """The Rank was examined against its current capacity state."""
+        self._changed.discard(target_id)
+
+    def forget(self, target_id: str) -> None:
+        self._changed.discard(target_id)
+        self._candidates.discard(target_id)
