@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
     BatchGainEstimate,
@@ -29,7 +30,8 @@ from progrouter.program.policy import (
 if TYPE_CHECKING:
     from progrouter.program.core import Core
     from progrouter.program.factors import RankFactors
-    from progrouter.program.state import Program
+    from progrouter.program.state import Program, RankPrograms
+    from progrouter.program.types import BackendObservation
 
 
 class Rejection(StrEnum):
@@ -50,35 +52,47 @@ class RankView:
 
     __slots__ = (
         "_batch",
-        "_core",
+        "_rank",
         "_reserve",
         "active",
+        "config",
         "factors",
         "gate_blocked",
         "low_tokens",
         "target_id",
         "target_rounds",
         "used",
+        "waiting",
     )
 
-    def __init__(self, core: Core, target_id: str, now: float) -> None:
-        config = core.config
-        self._core = core
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        target_id: str,
+        rank: RankPrograms,
+        factors: RankFactors | None,
+        observation: BackendObservation | None,
+        used: float,
+    ) -> None:
+        """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage."""
+        self.config = config
         self.target_id = target_id
-        self.factors = core.factors.get(target_id)
+        self._rank = rank
+        self.factors = factors
         threshold = config.admission_waiting_request_threshold
-        observation = core.ledger.fresh_observation(target_id, now) if threshold > 0 else None
-        self.gate_blocked = observation is not None and observation.waiting >= threshold
-        self.active = core.table.rank(target_id).active_count
-        self.used = core.ledger.usage(target_id, now)
-        self.low_tokens = core.low_tokens
-        self.target_rounds = target_rounds(self.factors, config.max_segment_rounds)
+        self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
+        self.gate_blocked = threshold > 0 and self.waiting >= threshold
+        self.active = rank.active_count
+        self.used = used
+        capacity = config.token_capacity_per_dp_rank
+        self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
+        self.target_rounds = target_rounds(factors, config.max_segment_rounds)
         self._reserve: float | None = None
         self._batch: _BatchInputs | None = None
 
     @property
     def count_fits(self) -> bool:
-        return self.active + 1 <= self._core.config.max_active_programs_per_target
+        return self.active + 1 <= self.config.max_active_programs_per_target
 
     def capacity_fits(self, required: float) -> bool:
         """The immediate token check: ``used + required ≤ C × low_watermark`` (always, without capacity)."""
@@ -104,7 +118,7 @@ class RankView:
     def admits_some(self, required: int, uncached: int) -> bool:
         """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
         unforced candidate among them can be admitted."""
-        recovery = self._core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+        recovery = self.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
         return not isinstance(self.judge(required, recovery), Rejection)
 
     def _batch_bound_covers(self, recovery_seconds: float) -> bool:
@@ -124,11 +138,11 @@ class RankView:
         return self._batch.estimate(context_tokens, shared_prefix_tokens, float(required)).admits
 
     def _batch_inputs(self) -> _BatchInputs:
-        rank = self._core.table.rank(self.target_id)
+        rank = self._rank
         count, remaining, impact = rank.protected(self.target_rounds)
         protected = ([float(remaining)], [impact / count]) if count else ([], [])
         inputs = _BatchInputs(
-            self._core, self.factors, len(rank.reasoning), rank.reasoning_context, self.used, protected
+            self.config, self.factors, len(rank.reasoning), rank.reasoning_context, self.used, protected
         )
         inputs.best = inputs.estimate(0, 0, 0.0)
         return inputs
@@ -143,7 +157,7 @@ class RankView:
                 self._reserve = growth_reserve(
                     factors.average_context_growth_tokens(),
                     rounds,
-                    [self._core.table.rank(self.target_id).protected(rounds)[1]],
+                    [self._rank.protected(rounds)[1]],
                 )
         return self._reserve
 
@@ -151,18 +165,18 @@ class RankView:
 class _BatchInputs:
     """The Rank's side of batch-gain admission, fixed for one view."""
 
-    __slots__ = ("batch_size", "best", "context_tokens", "core", "factors", "protected", "used")
+    __slots__ = ("batch_size", "best", "config", "context_tokens", "factors", "protected", "used")
 
     def __init__(
         self,
-        core: Core,
+        config: ProgramSchedulingConfig,
         factors: RankFactors | None,
         batch_size: int,
         context_tokens: int,
         used: float,
         protected: tuple[list[float], list[float]],
     ) -> None:
-        self.core = core
+        self.config = config
         self.factors = factors
         self.batch_size = batch_size
         self.context_tokens = context_tokens
@@ -172,7 +186,7 @@ class _BatchInputs:
 
     def estimate(self, context_tokens: int, shared_prefix_tokens: int, required: float) -> BatchGainEstimate:
         return batch_gain_for_rank(
-            self.core.config,
+            self.config,
             self.factors,
             batch_size_before=self.batch_size,
             context_tokens_before=self.context_tokens,
@@ -197,30 +211,36 @@ class AdmissionPlan:
 
 
 def rank_view(core: Core, target_id: str, now: float) -> RankView:
-    return RankView(core, target_id, now)
+    """The view of one Rank now, from the table, the rolling statistics and the ledger."""
+    return RankView(
+        core.config,
+        target_id,
+        core.table.rank(target_id),
+        core.factors.get(target_id),
+        core.ledger.fresh_observation(target_id, now),
+        core.ledger.usage(target_id, now),
+    )
 
 
-def recovery_seconds(core: Core, program: Program) -> float:
+def recovery_seconds(config: ProgramSchedulingConfig, program: Program) -> float:
     """What a cold start of the Program recomputes: the cache-miss impact of its uncached context."""
     uncached = max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
-    return core.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+    return config.prefill_cost_model.cache_miss_impact_seconds(uncached)
 
 
-def plan(core: Core, view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
-    """Admit ``program`` on the view's Rank now? The waiting gate, then a forced resume, then ``judge``."""
+def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
+    """Admit a queued ``program`` on the view's Rank now? The waiting gate, then a forced resume (past
+    count and tokens), then ``judge`` with the demand it was queued with."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
     force = program.force_resume
     forced = force is not None and force.deadline <= now
     entry = program.queue_entry
-    required = (
-        entry.required
-        if entry is not None
-        else required_tokens(program, core.pool, core.config.decode_buffer_tokens)
-    )
+    assert entry is not None
+    required = entry.required
     batch_gain = False
     if not forced:
-        verdict = view.judge(required, recovery_seconds(core, program))
+        verdict = view.judge(required, recovery_seconds(view.config, program))
         if isinstance(verdict, Rejection):
             return verdict
         if verdict is Verdict.BATCH_GAIN:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig
+from progrouter.program.admission import rank_view
 from progrouter.program.ledger import required_tokens
 from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -116,32 +117,28 @@ def binding_candidates(
     core: Core, model_pool: str, estimated_context_tokens: int, now: float
 ) -> list[BindingCandidate]:
     """Per-Rank facts for the load-aware strategies: O(queued Programs of the pool), once per generation."""
-    config = core.config
-    capacity = config.token_capacity_per_dp_rank
-    low = core.low_tokens
-    decode_buffer = config.decode_buffer_tokens
+    capacity = core.config.token_capacity_per_dp_rank
+    decode_buffer = core.config.decode_buffer_tokens
     out = []
     for target_id in core.pool_targets.get(model_pool, []):
-        rank = core.table.rank(target_id)
+        view = rank_view(core, target_id, now)
         queue = core.queues.get(target_id)
         queued = (
             []
             if queue is None
-            else [
-                (p, required_tokens(p, core.pool, core.config.decode_buffer_tokens)) for p in queue.ordered()
-            ]
+            else [(p, required_tokens(p, core.pool, decode_buffer)) for p in queue.ordered()]
         )
-        usage = core.ledger.usage(target_id, now)
-        pending_new = sum(tokens for p, tokens in queued if p.completed_requests == 0)
-        pressure = 0.0 if capacity is None else min(1.0, max(0.0, (usage + pending_new) / capacity))
+        pending_new = sum(tokens for p, tokens in queued if p.completions.requests == 0)
+        pressure = 0.0 if capacity is None else min(1.0, max(0.0, (view.used + pending_new) / capacity))
         out.append(
             BindingCandidate(
                 target_id=target_id,
-                accounted_programs=rank.active_count + len(queued),
+                accounted_programs=view.active + len(queued),
                 accounted_tokens=core.ledger.ledger_tokens(target_id) + sum(t for _, t in queued),
                 kv_pressure=pressure,
-                immediately_admissible=rank.active_count + 1 <= config.max_active_programs_per_target
-                and (low is None or usage + estimated_context_tokens + decode_buffer <= low),
+                # admission's count guard and immediate token check, with upstream's binding demand
+                immediately_admissible=view.count_fits
+                and view.capacity_fits(estimated_context_tokens + decode_buffer),
             )
         )
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.factors import ContinuitySample, RequestSample
 from progrouter.program.ledger import program_private_tokens, required_tokens
 from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
@@ -46,6 +47,7 @@ from progrouter.program.types import UsageObservation
 
 if TYPE_CHECKING:
     from progrouter.program.core import Core
+    from progrouter.program.factors import RankFactors
     from progrouter.program.state import Program, RankPrograms
 
 GENERATION_FENCE_MIN_SECONDS = 60.0
@@ -227,7 +229,9 @@ def _segment_bookkeeping(
         shared = program.shared_prefix
         if not shared.observed or shared.fresh_until is None or now >= shared.fresh_until:
             # Missing cached usage is no evidence of a shared prefix: it observes 0.
-            lifetime = shared_prefix_lifetime(core, target)
+            lifetime = shared_prefix_lifetime(
+                core.config, core.factors.get(target), len(core.table.rank(target).reasoning)
+            )
             program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
             if explicit_cached is not None:
                 observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
@@ -274,10 +278,10 @@ def _segment_bookkeeping(
     observer.histogram("cache_miss_impact_seconds", impact, target=target)
 
 
-def shared_prefix_lifetime(core: Core, target_id: str) -> float:
-    """How long one shared-prefix observation stays credible on this Rank (§3.15)."""
-    config = core.config
-    factors = core.factors.get(target_id)
+def shared_prefix_lifetime(
+    config: ProgramSchedulingConfig, factors: RankFactors | None, active_reasoning: int
+) -> float:
+    """How long one shared-prefix observation stays credible on a Rank (§3.15)."""
     if factors is None:
         return config.shared_prefix_freshness_warmup_seconds
     return shared_prefix_freshness_seconds(
@@ -285,7 +289,7 @@ def shared_prefix_lifetime(core: Core, target_id: str) -> float:
         config.shared_prefix_freshness_kv_turnovers,
         config.token_capacity_per_dp_rank,
         factors.average_e2e_seconds(),
-        len(core.table.rank(target_id).reasoning),
+        active_reasoning,
         factors.average_uncached_prompt_tokens(),
         factors.request_window_complete(),
     )

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.config import ResumeOrder
+from progrouter.config import ProgramSchedulingConfig, ResumeOrder
 from progrouter.program import lifecycle
 from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, recovery_seconds
 from progrouter.program.dispatch import dispatch_retained
@@ -44,11 +44,12 @@ from progrouter.program.policy import (
 )
 from progrouter.program.records import ForceResume, PauseReason, QueueEntry, QueueKey
 from progrouter.program.timers import TimerKind
-from progrouter.program.types import BackendObservation
+from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
     from progrouter.program.admission import RankView
     from progrouter.program.core import Core
+    from progrouter.program.queues import RankQueue
     from progrouter.program.state import Program
 
 
@@ -58,8 +59,7 @@ def _forced(program: Program, now: float) -> bool:
     return force is not None and force.deadline <= now
 
 
-def _tiers(core: Core, program: Program, now: float) -> tuple[int, int, int]:
-    front = core.pool.front_hints(program)
+def _tiers(program: Program, front: RequestHints | None, now: float) -> tuple[int, int, int]:
     priority = front.priority if front is not None else 0
     yielded = 1 if program.last_pause_reason is PauseReason.MAX_SEGMENT_YIELD else 0
     return (0 if _forced(program, now) else 1, -priority, yielded)
@@ -70,18 +70,19 @@ def _queued_at(program: Program, now: float) -> float:
     return force.queued_at if force is not None else now
 
 
-def local_key(core: Core, program: Program, now: float) -> QueueKey:
-    forced, priority, yielded = _tiers(core, program, now)
+def local_key(program: Program, front: RequestHints | None, order: ResumeOrder, now: float) -> QueueKey:
+    """The Program's place in its Rank queue; ``front``: the hints of its front request."""
+    forced, priority, yielded = _tiers(program, front, now)
     queued = _queued_at(program, now)
-    if core.config.resume_order is ResumeOrder.MRU:
+    if order is ResumeOrder.MRU:
         finished = program.completions.last_finished_at
         recency = -finished if finished is not None else math.inf
         return (forced, priority, yielded, recency, queued, program.ref.program_id, program.serial)
     return (forced, priority, yielded, queued, 0.0, program.ref.program_id, program.serial)
 
 
-def cross_rank_key(core: Core, program: Program, now: float) -> QueueKey:
-    forced, priority, yielded = _tiers(core, program, now)
+def cross_rank_key(program: Program, front: RequestHints | None, now: float) -> QueueKey:
+    forced, priority, yielded = _tiers(program, front, now)
     return (forced, priority, yielded, _queued_at(program, now), 0.0, program.ref.program_id, program.serial)
 
 
@@ -108,8 +109,9 @@ def enqueue(core: Core, program: Program, now: float) -> None:
 
 def _insert(core: Core, program: Program, now: float) -> None:
     required = required_tokens(program, core.pool, core.config.decode_buffer_tokens)
-    recovery = recovery_seconds(core, program)
-    core.queues.insert(program, QueueEntry(local_key(core, program, now), required, recovery))
+    recovery = recovery_seconds(core.config, program)
+    key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
+    core.queues.insert(program, QueueEntry(key, required, recovery))
 
 
 def requeue(core: Core, program: Program, now: float) -> None:
@@ -195,9 +197,10 @@ class ForceResumeWork:
 
     def estimate(self, core: Core, program: Program, now: float) -> ForceResumeEstimate:
         maximum = core.config.force_resume_timeout_seconds
+        key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
         if core.config.global_queue:
             pool = self._pool(core, program.ref.model_pool, now)
-            ahead = core.queues.ahead_in_pool(program.ref.model_pool, local_key(core, program, now))
+            ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
             return global_force_resume_estimate(
                 rank_rounds_and_throughput=pool.ranks,
                 active_remaining_rounds=pool.active_remaining,
@@ -208,7 +211,7 @@ class ForceResumeWork:
         assert target is not None
         work = self._rank(core, target, now)
         queue = core.queues.get(target)
-        ahead = 0 if queue is None else queue.ahead_of(local_key(core, program, now))
+        ahead = 0 if queue is None else queue.ahead_of(key)
         return local_force_resume_estimate(
             target_rounds=work.rounds,
             throughput=work.throughput,
@@ -330,7 +333,7 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
                 assert entry is not None
                 if isinstance(view.judge(entry.required, entry.recovery), Rejection):
                     continue  # what the plan would refuse, decided from the queued facts alone
-            result = plan(core, view, program, now)
+            result = plan(view, program, now)
             if isinstance(result, AdmissionPlan):
                 commit_admission(core, program, result, now)
                 break
@@ -366,7 +369,7 @@ def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
             for p in queue.ordered()
             if p.last_pause_reason is not None and now - _queued_at(p, now) >= interval
         )
-    candidates.sort(key=lambda p: cross_rank_key(core, p, now))
+    candidates.sort(key=lambda p: cross_rank_key(p, core.pool.front_hints(p), now))
     views: dict[str, RankView] = {}
 
     def view_of(destination: str) -> RankView:
@@ -382,21 +385,21 @@ def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
             return  # no destination can take an unforced Program, and the forced ones came first
         source = program.last_target
         assert source is not None
-        if not _source_pressure(core, program, source, now):
+        if not _source_pressure(view_of(source), core.queues.get(source), program, config, now):
             continue
         best: tuple[tuple[int, float, int, str], AdmissionPlan] | None = None
         for destination in destinations:
             if destination == source or core.queues.size(destination) != 0:
                 continue
-            if not _headroom_allows(core, program, source, destination, now):
-                continue
             view = view_of(destination)
-            result = plan(core, view, program, now)
+            if not _headroom_allows(view_of(source), view, program, config.cross_rank_headroom_ratio):
+                continue
+            result = plan(view, program, now)
             if not isinstance(result, AdmissionPlan):
                 continue
             rank_key = (
-                _fresh_waiting(core, destination, now),
-                _pressure(core, result),
+                view.waiting,
+                _pressure(config, result),
                 view.active,
                 destination,
             )
@@ -407,30 +410,26 @@ def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
             views.pop(best[1].target_id, None)
 
 
-def _fresh_waiting(core: Core, target_id: str, now: float) -> int:
-    observation = core.ledger.fresh_observation(target_id, now)
-    return 0 if observation is None else observation.waiting
-
-
-def _pressure(core: Core, admission: AdmissionPlan) -> float:
-    capacity = core.config.token_capacity_per_dp_rank
+def _pressure(config: ProgramSchedulingConfig, admission: AdmissionPlan) -> float:
+    capacity = config.token_capacity_per_dp_rank
     if capacity is None:
-        return (admission.active + 1) / core.config.max_active_programs_per_target
+        return (admission.active + 1) / config.max_active_programs_per_target
     return (admission.used + admission.required + admission.reserve) / capacity
 
 
-def _source_pressure(core: Core, program: Program, source: str, now: float) -> bool:
+def _source_pressure(
+    source: RankView, queue: RankQueue | None, program: Program, config: ProgramSchedulingConfig, now: float
+) -> bool:
     """The source is congested: vLLM queues there, or another long-waiting Program is ahead locally."""
-    threshold = core.config.admission_waiting_request_threshold
+    threshold = config.admission_waiting_request_threshold
     if threshold == 0:
         return True
-    if _fresh_waiting(core, source, now) >= threshold:
+    if source.waiting >= threshold:
         return True
-    queue = core.queues.get(source)
     key = program.queue_key
     if queue is None or key is None:
         return False
-    interval = core.config.metrics_interval_seconds
+    interval = config.metrics_interval_seconds
     for other in queue.ordered():
         if other.queue_key is not None and other.queue_key >= key:
             return False
@@ -439,11 +438,11 @@ def _source_pressure(core: Core, program: Program, source: str, now: float) -> b
     return False
 
 
-def _headroom_allows(core: Core, program: Program, source: str, destination: str, now: float) -> bool:
-    low = core.low_tokens
+def _headroom_allows(source: RankView, destination: RankView, program: Program, ratio: float) -> bool:
+    """The destination has more room below the low watermark than the source, by ``ratio`` × context."""
+    low = source.low_tokens
     if low is None:
         return True
-    source_free = max(0.0, low - core.ledger.usage(source, now))
-    destination_free = max(0.0, low - core.ledger.usage(destination, now))
-    needed = source_free + core.config.cross_rank_headroom_ratio * program.estimated_context_tokens
-    return destination_free >= needed
+    source_free = max(0.0, low - source.used)
+    destination_free = max(0.0, low - destination.used)
+    return destination_free >= source_free + ratio * program.estimated_context_tokens
