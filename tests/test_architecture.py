@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,12 @@ ALLOWED = {
     "program": {"config", "routing"},
     "engine": {"config"},
     "observe": {"config", "routing", "program"},
+    "workload": {"config"},  # talks HTTP; knows no router internals
+    "sim": {"config", "routing", "program", "engine", "workload"},
 }
+# The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
+# console (its CLI, sim/cli.py, is a shell and may).
+SIMULATOR_NEVER_LOADS = ("aiohttp", "asyncio", "uvloop", "rich")
 
 
 def _imports(path: Path) -> set[str]:
@@ -77,3 +84,25 @@ def test_the_edge_stands_alone(name: str) -> None:
         assert imported == "progrouter.config" or (parts[1] == "server" and f"{parts[2]}.py" in EDGE), (
             f"server/{name} imports {imported}"
         )
+
+
+def test_the_simulator_imports_only_cores_and_pure_helpers() -> None:
+    modules = sorted(
+        f"progrouter.sim.{p.stem}"
+        for p in (SRC / "sim").glob("*.py")
+        if p.name not in ("cli.py", "__init__.py")
+    )
+    probe = (
+        "import importlib, sys\n"
+        f"for name in ['progrouter.sim', *{modules!r}]: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {SIMULATOR_NEVER_LOADS!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", f"the simulator loads {loaded.strip()}"
+
+
+def test_the_simulator_probe_sees_a_shell() -> None:
+    """The probe above can fail: the simulator's CLI (a shell) does load the console."""
+    probe = "import sys, progrouter.sim.cli; print('rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"

@@ -11,7 +11,8 @@ import orjson
 import pytest
 from rich.console import Console
 
-from progrouter.workload.bench import Bench, BenchPlan, EngineFleet, scaled_program_config
+from progrouter.workload.arms import EngineFleet
+from progrouter.workload.bench import Bench, BenchPlan, scaled_program_config
 from progrouter.workload.procs import Child, free_port
 from progrouter.workload.replay import ReplayOptions, replay
 

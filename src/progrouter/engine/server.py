@@ -9,7 +9,6 @@ modelled seconds. Handlers never touch blocks: they submit, await outputs, and a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -63,6 +62,17 @@ class HTTPError(Exception):
 
     def response(self) -> web.Response:
         return _json(error_body(str(self), status=self.status, err_type=self.err_type), status=self.status)
+
+
+@web.middleware
+async def _error_responses(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every handler reports a bad request by raising ``HTTPError``; this turns it into vLLM's answer."""
+    try:
+        return await handler(request)
+    except HTTPError as exc:
+        return exc.response()
 
 
 def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
@@ -211,7 +221,7 @@ class EngineServer:
     # ---- lifecycle ------------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=1 << 30, middlewares=[_error_responses])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
@@ -266,22 +276,19 @@ class EngineServer:
         return await self._serve(request, "chat")
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        body = await self._read_body(request)
+        prepared = self._prepare(kind, body)
+        driver = self._pick_driver(request)
+        if driver.mode is FaultMode.REFUSE:
+            raise HTTPError(503, "This Rank is refusing requests (fault injection)", "ServiceUnavailable")
+        if self.fail_rate > 0 and self._fail_rng.random() < self.fail_rate:
+            raise HTTPError(500, "Injected failure (--fail-rate)", "InternalServerError")
+        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        request_id = f"{prefix}-{self.config.seed}-{next(self._ids)}"
         try:
-            body = await self._read_body(request)
-            prepared = self._prepare(kind, body)
-            driver = self._pick_driver(request)
-            if driver.mode is FaultMode.REFUSE:
-                raise HTTPError(503, "This Rank is refusing requests (fault injection)", "ServiceUnavailable")
-            if self.fail_rate > 0 and self._fail_rng.random() < self.fail_rate:
-                raise HTTPError(500, "Injected failure (--fail-rate)", "InternalServerError")
-            prefix = "cmpl" if kind == "completion" else "chatcmpl"
-            request_id = f"{prefix}-{self.config.seed}-{next(self._ids)}"
-            try:
-                stream = driver.submit(request_id, prepared.prompt, prepared.params, prepared.cache_salt)
-            except RequestRejected as exc:
-                raise HTTPError(400, str(exc)) from exc
-        except HTTPError as exc:
-            return exc.response()
+            stream = driver.submit(request_id, prepared.prompt, prepared.params, prepared.cache_salt)
+        except RequestRejected as exc:
+            raise HTTPError(400, str(exc)) from exc
         try:
             if prepared.stream:
                 return await self._stream(request, driver, stream, prepared)
@@ -541,52 +548,43 @@ class EngineServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        try:
-            req = self._parse(TokenizeRequest, await self._read_body(request))
-            if req.messages is not None:
-                try:
-                    text = render_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
-                except ChatTemplateError as exc:
-                    raise HTTPError(400, str(exc)) from exc
-            elif req.prompt is not None:
-                text = req.prompt
-            else:
-                raise HTTPError(400, "Either prompt or messages must be provided")
-        except HTTPError as exc:
-            return exc.response()
+        req = self._parse(TokenizeRequest, await self._read_body(request))
+        if req.messages is not None:
+            try:
+                text = render_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
+            except ChatTemplateError as exc:
+                raise HTTPError(400, str(exc)) from exc
+        elif req.prompt is not None:
+            text = req.prompt
+        else:
+            raise HTTPError(400, "Either prompt or messages must be provided")
         ids = self.tokenizer.encode(text)
         return _json(
             {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None}
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        try:
-            req = self._parse(DetokenizeRequest, await self._read_body(request))
-            bad = next((t for t in req.tokens if not self.tokenizer.is_valid_id(t)), None)
-            if bad is not None:
-                raise HTTPError(400, f"Token id {bad} is out of vocabulary")
-        except HTTPError as exc:
-            return exc.response()
+        req = self._parse(DetokenizeRequest, await self._read_body(request))
+        bad = next((t for t in req.tokens if not self.tokenizer.is_valid_id(t)), None)
+        if bad is not None:
+            raise HTTPError(400, f"Token id {bad} is out of vocabulary")
         return _json({"prompt": self.tokenizer.decode(req.tokens)})
 
     async def admin_fault(self, request: web.Request) -> web.Response:
         """``POST /admin/fault {"rank": r|null, "mode": ..., "slow_factor": x?, "fail_rate": p?}``."""
+        body = await self._read_body(request)
+        rank = body.get("rank")
+        if rank is not None and (not isinstance(rank, int) or not 0 <= rank < len(self.drivers)):
+            raise HTTPError(400, f"rank must be null or an integer in [0, {len(self.drivers)})")
         try:
-            body = await self._read_body(request)
-            rank = body.get("rank")
-            if rank is not None and (not isinstance(rank, int) or not 0 <= rank < len(self.drivers)):
-                raise HTTPError(400, f"rank must be null or an integer in [0, {len(self.drivers)})")
-            try:
-                mode = FaultMode(body.get("mode", "none"))
-            except ValueError:
-                raise HTTPError(400, f"mode must be one of {[m.value for m in FaultMode]}") from None
-            slow, fail = body.get("slow_factor"), body.get("fail_rate")
-            if slow is not None and (not isinstance(slow, (int, float)) or slow <= 0):
-                raise HTTPError(400, "slow_factor must be a number > 0")
-            if fail is not None and (not isinstance(fail, (int, float)) or not 0 <= fail <= 1):
-                raise HTTPError(400, "fail_rate must be a number in [0, 1]")
-        except HTTPError as exc:
-            return exc.response()
+            mode = FaultMode(body.get("mode", "none"))
+        except ValueError:
+            raise HTTPError(400, f"mode must be one of {[m.value for m in FaultMode]}") from None
+        slow, fail = body.get("slow_factor"), body.get("fail_rate")
+        if slow is not None and (not isinstance(slow, (int, float)) or slow <= 0):
+            raise HTTPError(400, "slow_factor must be a number > 0")
+        if fail is not None and (not isinstance(fail, (int, float)) or not 0 <= fail <= 1):
+            raise HTTPError(400, "fail_rate must be a number in [0, 1]")
         self.set_fault(rank, mode, slow_factor=slow, fail_rate=fail)
         log.info("fault injection: rank=%s mode=%s slow_factor=%s fail_rate=%s", rank, mode, slow, fail)
         return await self.admin_fault_status(request)
@@ -622,17 +620,8 @@ class RunningEngine:
         await self.stop()
 
 
-def config_from_args(args: argparse.Namespace | EngineConfig) -> EngineConfig:
-    if isinstance(args, EngineConfig):
-        return args
-    from progrouter.engine.cli import config_from_namespace
-
-    return config_from_namespace(args)
-
-
-async def start_engine(args: argparse.Namespace | EngineConfig) -> RunningEngine:
+async def start_engine(config: EngineConfig) -> RunningEngine:
     """Start an emulator on the running loop (port 0 picks a free port); return once it accepts requests."""
-    config = config_from_args(args)
     server = EngineServer(config)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its request.
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)

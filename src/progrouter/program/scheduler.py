@@ -186,7 +186,7 @@ class ProgramScheduler:
             )
             program = core.table.materialize(now, request.model_pool, request.identity, home)
         lifecycle.arrived(core, program, request, now, new=new)
-        request_deadline = self._retain(program, request, now)
+        handle, deadline = self._retain(program, request, now)
         if not program.active and program.last_target not in core.pool_targets[request.model_pool]:
             self._rebind(program, now)
         if program.active:
@@ -196,7 +196,6 @@ class ProgramScheduler:
         else:
             wait(core, program, now)
         self._decide(now)
-        handle, deadline = request_deadline
         if core.pool.get(handle) is not None:  # still retained: it may time out
             core.timers.add(deadline, TimerKind.QUEUE_TIMEOUT, handle)
         return handle

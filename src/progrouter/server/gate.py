@@ -7,7 +7,6 @@ Typed as protocols so the proxy depends on the contract, not on the scheduler.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -45,6 +44,6 @@ def build_program_gate(
     cache_index: CacheAwareIndex | None,
 ) -> ProgramGate:
     """Import the scheduler shell only when Program scheduling is on (it pulls in the whole core)."""
-    module = importlib.import_module("progrouter.server.program_gate")
-    gate: ProgramGate = module.ProgramGate(config, session, registry, cache_index)
-    return gate
+    from progrouter.server.program_gate import ProgramGate as SchedulingGate
+
+    return SchedulingGate(config, session, registry, cache_index)

@@ -14,7 +14,7 @@ from typing import Any
 
 from progrouter.config import Policy, ProgramSchedulingConfig, parse_config
 from progrouter.sim.requests import SimRequest
-from progrouter.workload.bench import ARMS
+from progrouter.workload.arms import ARMS
 
 #: A retention hint: None (send none), seconds, or ``"next-gap"``: an agent that knows how long its tool call
 #: takes, i.e. the gap before the Program's next request plus ``NEXT_GAP_SLACK`` (a TTL of exactly the gap

@@ -30,7 +30,7 @@ from progrouter.routing.policies import RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.sim.clock import VirtualClock
 from progrouter.sim.requests import SimRequest
-from progrouter.workload.replay import agentic_context
+from progrouter.workload.context import agentic_context
 
 Dispatch = Callable[[SimRequest, Target], None]
 Reject = Callable[[SimRequest, int, str], None]

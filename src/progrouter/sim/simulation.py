@@ -28,7 +28,7 @@ from progrouter.sim.ranks import FleetSpec, SimRank, build_fleet, scrape
 from progrouter.sim.requests import SimRequest
 from progrouter.sim.routers import NativeRouter, ProgramRouter, Router
 from progrouter.sim.summary import scheduler_summary, transition_samples
-from progrouter.workload.bench import EngineFleet, oracle_blocks
+from progrouter.workload.arms import EngineFleet, oracle_blocks
 from progrouter.workload.facts import Fact
 from progrouter.workload.prompts import PromptBuilder
 from progrouter.workload.report import ArmInputs, arm_figures, task_jct

@@ -34,6 +34,7 @@ import orjson
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.workload.arms import ARMS, ArmSpec, EngineFleet, oracle_blocks
 from progrouter.workload.facts import Fact, write_fact
 from progrouter.workload.procs import Child, ProcessError, free_port, free_ports_from, run_shell, stop_all
 from progrouter.workload.replay import ReplayOptions, replay
@@ -62,60 +63,6 @@ COST_FIELDS = {
     ),
 }
 UPSTREAM_BINARY = "vllm-router"
-
-
-@dataclass(frozen=True, slots=True)
-class ArmSpec:
-    name: str
-    policy: str = "consistent_hash"
-    program: bool = False
-    binding_only: bool = False
-    unbounded_kv: bool = False
-    upstream: bool = False
-
-
-ARMS: dict[str, ArmSpec] = {
-    "native": ArmSpec("native"),
-    "round_robin": ArmSpec("round_robin", policy="round_robin"),
-    "program": ArmSpec("program", program=True),
-    "binding_only": ArmSpec("binding_only", program=True, binding_only=True),
-    "oracle": ArmSpec("oracle", unbounded_kv=True),
-    "upstream": ArmSpec("upstream", program=True, upstream=True),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFleet:
-    """Emulator engines the bench starts (one process per engine, ``dp_size`` Ranks each)."""
-
-    engines: int = 1
-    dp_size: int = 2
-    num_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 32768
-    time_scale: float = 1.0
-    extra_args: tuple[str, ...] = ()
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
-    def argv(self, port: int, num_blocks: int) -> list[str]:
-        return [
-            sys.executable, "-m", "progrouter", "engine",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--data-parallel-size", str(self.dp_size),
-            "--num-blocks", str(num_blocks),
-            "--block-size", str(self.block_size),
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--max-model-len", str(self.max_model_len),
-            "--time-scale", str(self.time_scale),
-            "--log-level", "warning",
-            *self.extra_args,
-        ]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,25 +111,6 @@ def scaled_program_config(config: dict[str, Any], time_scale: float) -> dict[str
             full[group][name] = full[group][name] / time_scale
     ProgramSchedulingConfig.model_validate(full)  # still valid
     return full
-
-
-def trace_token_bounds(trace: Trace) -> tuple[int, int]:
-    """(longest request in tokens incl. output, distinct tokens the whole trace would keep cached)."""
-    longest = 0
-    blocks = set()
-    for task, p in trace.programs():
-        for r in p.requests:
-            longest = max(longest, r.input_tokens + r.output_tokens)
-            for b in r.hash_ids:
-                blocks.add(("shared", b) if b in trace.shared_hash_ids else (task.task_id, b))
-    return longest, len(blocks) * trace.block_size + trace.num_requests * 64
-
-
-def oracle_blocks(trace: Trace, fleet: EngineFleet) -> int:
-    """KV blocks per Rank so that no Rank ever evicts: room for every distinct token plus outputs."""
-    longest, distinct = trace_token_bounds(trace)
-    tokens = max(distinct + sum(r.output_tokens for _t, p in trace.programs() for r in p.requests), longest)
-    return max(fleet.num_blocks, -(-tokens // fleet.block_size) + 64)
 
 
 ProgressFactory = Callable[[str, int], Callable[[Fact], None]]

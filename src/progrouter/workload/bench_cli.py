@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from progrouter.config import ConfigError, ProgramSchedulingConfig
 from progrouter.workload import trace as trace_mod
-from progrouter.workload.bench import ARMS, Bench, BenchPlan, EngineFleet, ExternalFleet, upstream_binary
+from progrouter.workload.arms import ARMS, EngineFleet
+from progrouter.workload.bench import Bench, BenchPlan, ExternalFleet, upstream_binary
 from progrouter.workload.facts import Fact
 from progrouter.workload.generators import generate
 from progrouter.workload.procs import ProcessError

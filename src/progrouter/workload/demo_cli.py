@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.workload.bench import BenchPlan, EngineFleet, upstream_binary
+from progrouter.workload.arms import EngineFleet
+from progrouter.workload.bench import BenchPlan, upstream_binary
 from progrouter.workload.bench_cli import execute
 from progrouter.workload.generators import CodingWorkload, generate
 from progrouter.workload.replay import ReplayOptions

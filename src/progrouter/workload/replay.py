@@ -27,6 +27,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from progrouter.workload.context import agentic_context
 from progrouter.workload.facts import Fact
 from progrouter.workload.prompts import PromptBuilder
 from progrouter.workload.trace import Trace, TraceProgram, TraceRequest, TraceTask
@@ -74,21 +75,6 @@ async def resolve_model(session: aiohttp.ClientSession, url: str) -> str | None:
             return str(models[0]["id"]) if models else None
     except (aiohttp.ClientError, ValueError, KeyError, TypeError):
         return None
-
-
-def agentic_context(task: TraceTask, program: TraceProgram, step: int, request_id: str) -> str:
-    ctx: dict[str, Any] = {
-        "program_id": program.program_id,
-        "task_id": task.task_id,
-        "agent_id": program.agent_id,
-        "agent_role": program.role.value,
-        "step_id": step,
-        "request_id": request_id,
-        "blocks_parent": program.blocks_parent,
-    }
-    if program.parent_program_id is not None:
-        ctx["parent_program_id"] = program.parent_program_id
-    return orjson.dumps(ctx).decode()
 
 
 class _Replayer:
