@@ -70,7 +70,7 @@ def _check_every_queue(h: Harness) -> int:
             assert entry is not None
             if force is not None and force.deadline <= h.now:
                 continue  # a forced candidate is never refused early
-            quick = isinstance(view.judge(entry.required, entry.recovery), Rejection)
+            quick = isinstance(view.judge(entry.required, entry.uncached), Rejection)
             admitted = not isinstance(plan(view, program, h.now), Rejection)
             assert not (admitted and (quick or bound_refuses)), (program.ref, entry)
             checked += 1

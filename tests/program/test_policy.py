@@ -325,9 +325,7 @@ def test_local_force_resume_estimate() -> None:
     est = policy.local_force_resume_estimate(
         target_rounds=6,
         throughput=0.5,
-        active_remaining_rounds=policy.total_active_remaining_rounds(
-            6, [(2, True), (9, True), (9, False), (1, False)]
-        ),
+        active_remaining_rounds=policy.total_active_remaining_rounds(6, [2, 9], [9, 1]),
         waiters_ahead=2,
         max_timeout=300.0,
     )
@@ -344,9 +342,9 @@ def test_local_force_resume_estimate() -> None:
 def test_global_force_resume_estimate() -> None:
     ranks = {"a": (6, 0.5), "b": (4, 1.0)}
     est = policy.global_force_resume_estimate(
-        rank_rounds_and_throughput=ranks,
-        active_remaining_rounds=policy.total_active_remaining_rounds(6, [(2, True)])
-        + policy.total_active_remaining_rounds(4, [(4, True), (9, False)]),
+        pool=policy.PoolThroughput.of(ranks.values()),
+        active_remaining_rounds=policy.total_active_remaining_rounds(6, [2], [])
+        + policy.total_active_remaining_rounds(4, [4], [9]),
         waiters_ahead=3,
         max_timeout=300.0,
     )
@@ -355,7 +353,7 @@ def test_global_force_resume_estimate() -> None:
     assert est.request_throughput_per_second == 1.5
     assert est.timeout_seconds == pytest.approx(3 * 20 / 1.5)
     immature = policy.global_force_resume_estimate(
-        rank_rounds_and_throughput={"a": (6, 0.5), "b": (0, 0.0)},
+        pool=policy.PoolThroughput.of([(6, 0.5), (0, 0.0)]),
         active_remaining_rounds=0.0,
         waiters_ahead=0,
         max_timeout=300.0,

@@ -99,8 +99,8 @@ class RankView:
         low = self.low_tokens
         return low is None or self.used + required <= low
 
-    def judge(self, required: int, recovery_seconds: float) -> Rejection | Verdict:
-        """The admission rule for an unforced candidate with this demand and cold-start recovery cost: the
+    def judge(self, required: int, uncached: int) -> Rejection | Verdict:
+        """The admission rule for an unforced candidate with this demand and uncached context: the
         count guard, the immediate token check, the growth reserve, and the best-case batch gain. ``plan``
         decides with it, the scheduling pass refuses early with it (from a queued Program's frozen facts,
         or from lower bounds of a whole queue's), and binding shares its first two checks."""
@@ -111,23 +111,23 @@ class RankView:
         low = self.low_tokens
         if low is None or self.used + required + self.reserve <= low:
             return Verdict.ADMIT
-        if not self._batch_bound_covers(recovery_seconds):
+        if not self._batch_bound_covers(uncached):
             return Rejection.RESERVE
         return Verdict.BATCH_GAIN
 
     def admits_some(self, required: int, uncached: int) -> bool:
         """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
         unforced candidate among them can be admitted."""
-        recovery = self.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
-        return not isinstance(self.judge(required, recovery), Rejection)
+        return not isinstance(self.judge(required, uncached), Rejection)
 
-    def _batch_bound_covers(self, recovery_seconds: float) -> bool:
+    def _batch_bound_covers(self, uncached: int) -> bool:
         """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
         grows with the uncached context and the continuity loss with demand."""
         if self._batch is None:
             self._batch = self._batch_inputs()
         best = self._batch.best
-        return best.batch_gain_seconds >= recovery_seconds + best.continuity_loss_seconds
+        recovery = self.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+        return best.batch_gain_seconds >= recovery + best.continuity_loss_seconds
 
     def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
         """Batch-gain admission of one reserve-failing candidate that passed the best-case bound (§3.6).
@@ -222,10 +222,9 @@ def rank_view(core: Core, target_id: str, now: float) -> RankView:
     )
 
 
-def recovery_seconds(config: ProgramSchedulingConfig, program: Program) -> float:
-    """What a cold start of the Program recomputes: the cache-miss impact of its uncached context."""
-    uncached = max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
-    return config.prefill_cost_model.cache_miss_impact_seconds(uncached)
+def uncached_tokens(program: Program) -> int:
+    """What a cold start of the Program recomputes: its context beyond the shared prefix."""
+    return max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
 
 
 def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
@@ -240,7 +239,7 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
     required = entry.required
     batch_gain = False
     if not forced:
-        verdict = view.judge(required, recovery_seconds(view.config, program))
+        verdict = view.judge(required, uncached_tokens(program))
         if isinstance(verdict, Rejection):
             return verdict
         if verdict is Verdict.BATCH_GAIN:

@@ -79,8 +79,9 @@ def activated(program: Program, now: float) -> None:
     """Admission placed the Program: no TTL, no pause (the segment-yield marker goes), a segment starts."""
     program.acting_ttl = None
     program.pause = None
-    if program.segment.started_at is None:
-        program.segment = program.segment._replace(started_at=now)
+    segment = program.segment
+    if segment.started_at is None:
+        program.segment = Segment(now, *segment[1:])
 
 
 def rebound(program: Program, now: float) -> None:
@@ -89,8 +90,9 @@ def rebound(program: Program, now: float) -> None:
     reason = None if program.pause is None else program.pause.reason
     program.pause = Pause(now, reason)
     program.acting_ttl = None
-    program.segment = program.segment._replace(started_at=None)
-    program.shared_prefix = program.shared_prefix._replace(observed=False)
+    program.segment = Segment(None, *program.segment[1:])
+    shared = program.shared_prefix
+    program.shared_prefix = SharedPrefix(shared.tokens, False, shared.anchor_at, shared.fresh_until)
 
 
 def withdrawn_idle(core: Core, program: Program, now: float) -> None:
@@ -329,9 +331,7 @@ def expire_ttl(core: Core, program: Program, now: float) -> None:
     segment = program.segment
     rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
     core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
-    program.segment = segment._replace(
-        ttl_pause_sampled_rounds=segment.served_rounds, rounds_since_ttl_pause=0
-    )
+    program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
     pause(core, program, PauseReason.TTL_EXPIRED, now)
 
 
@@ -343,10 +343,10 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
     program.pause = Pause(now, reason)
     program.acting_ttl = None
     shared = program.shared_prefix
-    if shared.anchor_at is not None and shared.fresh_until is not None:  # its freshness restarts now
-        program.shared_prefix = shared._replace(
-            anchor_at=now, fresh_until=now + max(0.0, shared.fresh_until - shared.anchor_at)
-        )
+    anchor, fresh_until = shared.anchor_at, shared.fresh_until
+    if anchor is not None and fresh_until is not None:  # its freshness restarts now
+        lifetime = max(0.0, fresh_until - anchor)
+        program.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
     core.observer.transition(target, reason.value)
     core.observer.event(
         "info",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -28,6 +28,7 @@ __all__ = [
     "BatchGainEstimate",
     "CapacityAccountingSource",
     "ForceResumeEstimate",
+    "PoolThroughput",
     "RepairVictim",
     "acting_ttl_candidates",
     "active_remaining_rounds",
@@ -109,6 +110,12 @@ def acting_ttl_candidates(max_ttl: float) -> tuple[float, ...]:
     return tuple(candidates)
 
 
+@functools.lru_cache(maxsize=4096)
+def _ttl_grid(max_ttl: float) -> tuple[tuple[float, float], ...]:
+    """The positive candidates with their logarithms, in candidate order (0 scores U(0) = 0 anyway)."""
+    return tuple((ttl, math.log(ttl)) for ttl in acting_ttl_candidates(max_ttl) if ttl > 0.0)
+
+
 def fitted_acting_ttl_from_fit(
     fit: LogNormalFit | None,
     impact_seconds: float,
@@ -125,16 +132,13 @@ def fitted_acting_ttl_from_fit(
     # U(d) = C·Φ(z) − m·Φ(z − σ) − d·(1 − Φ(z)), z = (ln d − μ)/σ, m = E[T]; U(0) = 0: the expected
     # seconds saved by holding the KV for d (the recompute C avoided when the next request comes back within
     # d, minus the time the KV sits idle: the gap itself when it returns in time, d when it does not).
-    mu, sigma, mean = fit.mu, fit.sigma, fit.mean
-    erfc, log, k = math.erfc, math.log, _SQRT1_2
-    best_ttl, best_utility = 0.0, 0.0  # U(0) = 0 is always a candidate
-    for ttl in acting_ttl_candidates(max_ttl):
-        if ttl <= 0.0:
-            utility = 0.0
-        else:
-            z = (log(ttl) - mu) / sigma
-            hit = 0.5 * erfc(-z * k)
-            utility = impact_seconds * hit - mean * 0.5 * erfc(-(z - sigma) * k) - ttl * (1.0 - hit)
+    mu, sigma, half_mean = fit.mu, fit.sigma, fit.mean * 0.5
+    erfc, k = math.erfc, _SQRT1_2
+    best_ttl, best_utility = 0.0, 0.0  # U(0) = 0: the candidate 0 comes first
+    for ttl, log_ttl in _ttl_grid(max_ttl):
+        z = (log_ttl - mu) / sigma
+        hit = 0.5 * erfc(-z * k)
+        utility = impact_seconds * hit - half_mean * erfc(-(z - sigma) * k) - ttl * (1.0 - hit)
         if utility >= best_utility:
             best_ttl, best_utility = ttl, utility
     return best_ttl
@@ -417,11 +421,14 @@ def force_resume_timeout(
     return min(max_timeout, max(minimum, estimate))
 
 
-def total_active_remaining_rounds(target_rounds: float, active_programs: Iterable[tuple[int, bool]]) -> float:
-    """Σ ``active_remaining_rounds`` over (rounds_since_activation, is_reasoning) of Active Programs."""
+def total_active_remaining_rounds(
+    target_rounds: float, reasoning: Iterable[int], acting: Iterable[int]
+) -> float:
+    """Σ ``active_remaining_rounds`` over a Rank's Active Programs, given the rounds_since_activation of
+    its Reasoning and of its Acting ones."""
     return math.fsum(
-        active_remaining_rounds(target_rounds, r, reasoning=reasoning) for r, reasoning in active_programs
-    )
+        active_remaining_rounds(target_rounds, r, reasoning=True) for r in reasoning
+    ) + math.fsum(active_remaining_rounds(target_rounds, r, reasoning=False) for r in acting)
 
 
 def local_force_resume_estimate(
@@ -443,25 +450,37 @@ def local_force_resume_estimate(
     return ForceResumeEstimate(timeout, active_remaining_rounds, pool, throughput, False)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolThroughput:
+    """A model pool's Ranks summed for global force-resume estimates; ``mature`` only if every Rank is."""
+
+    mature: bool
+    request_throughput_per_second: float
+    mean_target_rounds: float  # mean over the Ranks of max(target rounds, 1)
+
+    @classmethod
+    def of(cls, rank_rounds_and_throughput: Iterable[tuple[int, float]]) -> PoolThroughput:
+        """From (target rounds, throughput) of every Rank of the pool (a Rank without factors: (0, 0.0))."""
+        ranks = list(rank_rounds_and_throughput)
+        if not ranks:
+            return cls(False, 0.0, 1.0)
+        mature = all(rounds > 0 and throughput > 0.0 for rounds, throughput in ranks)
+        throughput = math.fsum(t for _, t in ranks)
+        return cls(mature, throughput, math.fsum(max(r, 1) for r, _ in ranks) / len(ranks))
+
+
 def global_force_resume_estimate(
-    *,
-    rank_rounds_and_throughput: Mapping[str, tuple[int, float]],
-    active_remaining_rounds: float,
-    waiters_ahead: int,
-    max_timeout: float,
+    *, pool: PoolThroughput, active_remaining_rounds: float, waiters_ahead: int, max_timeout: float
 ) -> ForceResumeEstimate:
-    """Global mode over a model pool: summed throughput and remaining rounds of its Ranks, and each waiter
-    ahead in the pool's resume order counts the pool's mean target rounds (upstream weights it by its own
-    Rank's rounds; the mean keeps the count a bisection). ``rank_rounds_and_throughput``: target id →
-    (target rounds, throughput) of every Rank of the pool; any immature Rank means the static fallback."""
-    ranks = rank_rounds_and_throughput.values()
-    if not ranks or any(rounds <= 0 or not throughput > 0.0 for rounds, throughput in ranks):
+    """Global mode over a model pool: 3 × (the pool's remaining rounds + waiters ahead in the pool's resume
+    order × mean target rounds) / summed throughput; the static fallback while any Rank is immature.
+    (Upstream weights each waiter by its own Rank's rounds; the mean keeps the count a bisection.)"""
+    if not pool.mature:
         return ForceResumeEstimate.static(max_timeout)
-    aggregate = math.fsum(t for _, t in ranks)
-    mean_rounds = math.fsum(max(r, 1) for r, _ in ranks) / len(ranks)
-    pool = waiters_ahead * mean_rounds
-    timeout = force_resume_timeout(active_remaining_rounds, pool, aggregate, max_timeout)
-    return ForceResumeEstimate(timeout, active_remaining_rounds, pool, aggregate, False)
+    throughput = pool.request_throughput_per_second
+    waiting = waiters_ahead * pool.mean_target_rounds
+    timeout = force_resume_timeout(active_remaining_rounds, waiting, throughput, max_timeout)
+    return ForceResumeEstimate(timeout, active_remaining_rounds, waiting, throughput, False)
 
 
 def effective_force_resume_timeout(

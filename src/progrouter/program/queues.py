@@ -21,30 +21,30 @@ if TYPE_CHECKING:
 
 
 class _LazyMin:
-    """Min-heap of one value per queued Program, deleted lazily: an entry counts while its Program still
-    sits in the queue under the key it was pushed with."""
+    """Min-heap of one value per queued Program, deleted lazily: a value counts while its Program still
+    sits in the queue under the entry it was pushed with."""
 
     __slots__ = ("_heap",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, QueueKey]] = []
+        self._heap: list[tuple[int, int, QueueEntry]] = []
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, value: int, key: QueueKey) -> None:
-        heapq.heappush(self._heap, (value, key[-1], key))
+    def push(self, value: int, entry: QueueEntry) -> None:
+        heapq.heappush(self._heap, (value, entry.key[-1], entry))
 
-    def rebuild(self, entries: list[tuple[int, int, QueueKey]]) -> None:
-        heapq.heapify(entries)
-        self._heap = entries
+    def rebuild(self, values: list[tuple[int, int, QueueEntry]]) -> None:
+        heapq.heapify(values)
+        self._heap = values
 
     def min(self, programs: dict[int, Program]) -> int | None:
         heap = self._heap
         while heap:
-            value, serial, key = heap[0]
+            value, serial, entry = heap[0]
             program = programs.get(serial)
-            if program is not None and program.queue_key == key:
+            if program is not None and program.queue_entry is entry:
                 return value
             heapq.heappop(heap)
         return None
@@ -74,17 +74,18 @@ class RankQueue:
         key = entry.key
         bisect.insort(self._keys, key)
         self._programs[key[-1]] = program
-        self._demand.push(entry.required, key)
-        self._uncached.push(_uncached(program), key)
+        self._demand.push(entry.required, entry)
+        self._uncached.push(entry.uncached, entry)
         if len(self._demand) > 2 * len(self._keys) + 32:
-            live = [(p, p.queue_entry) for p in self._programs.values()]
-            self._demand.rebuild([(e.required, p.serial, e.key) for p, e in live if e is not None])
-            self._uncached.rebuild([(_uncached(p), p.serial, e.key) for p, e in live if e is not None])
+            live = [e for e in (p.queue_entry for p in self._programs.values()) if e is not None]
+            self._demand.rebuild([(e.required, e.key[-1], e) for e in live])
+            self._uncached.rebuild([(e.uncached, e.key[-1], e) for e in live])
         self.pending[program] = None
 
     def remove(self, program: Program) -> None:
-        key = program.queue_key
-        assert key is not None
+        entry = program.queue_entry
+        assert entry is not None
+        key = entry.key
         i = bisect.bisect_left(self._keys, key)
         del self._keys[i]
         del self._programs[key[-1]]
@@ -122,14 +123,10 @@ class RankQueue:
         return pending
 
 
-def _uncached(program: Program) -> int:
-    return max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
-
-
 def _queue_key(program: Program) -> QueueKey:
-    key = program.queue_key
-    assert key is not None
-    return key
+    entry = program.queue_entry
+    assert entry is not None
+    return entry.key
 
 
 class RankQueues:

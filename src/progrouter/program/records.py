@@ -37,7 +37,7 @@ class QueueEntry(NamedTuple):
 
     key: QueueKey
     required: int  # its private demand when (re)queued
-    recovery: float  # the cache-miss impact of its uncached context when (re)queued
+    uncached: int  # its context beyond the shared prefix (what a cold start recomputes) when (re)queued
 
 
 class ForceResume(NamedTuple):

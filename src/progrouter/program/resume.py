@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig, ResumeOrder
 from progrouter.program import lifecycle
-from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, recovery_seconds
+from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, uncached_tokens
 from progrouter.program.dispatch import dispatch_retained
 from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
     ForceResumeEstimate,
+    PoolThroughput,
     effective_force_resume_timeout,
     global_force_resume_estimate,
     local_force_resume_estimate,
@@ -61,7 +62,8 @@ def _forced(program: Program, now: float) -> bool:
 
 def _tiers(program: Program, front: RequestHints | None, now: float) -> tuple[int, int, int]:
     priority = front.priority if front is not None else 0
-    yielded = 1 if program.last_pause_reason is PauseReason.MAX_SEGMENT_YIELD else 0
+    pause = program.pause
+    yielded = 1 if pause is not None and pause.reason is PauseReason.MAX_SEGMENT_YIELD else 0
     return (0 if _forced(program, now) else 1, -priority, yielded)
 
 
@@ -109,9 +111,9 @@ def enqueue(core: Core, program: Program, now: float) -> None:
 
 def _insert(core: Core, program: Program, now: float) -> None:
     required = required_tokens(program, core.pool, core.config.decode_buffer_tokens)
-    recovery = recovery_seconds(core.config, program)
+    uncached = uncached_tokens(program)
     key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
-    core.queues.insert(program, QueueEntry(key, required, recovery))
+    core.queues.insert(program, QueueEntry(key, required, uncached))
 
 
 def requeue(core: Core, program: Program, now: float) -> None:
@@ -173,11 +175,11 @@ class RankWork:
 
 @dataclass(frozen=True, slots=True)
 class PoolWork:
-    """A pool's Ranks' ``RankWork``, for global estimates."""
+    """A pool's Ranks' ``RankWork`` summed, for global estimates."""
 
     computed_at: float
     targets: list[str]  # the pool's target list it was computed for (identity marks a Rank change)
-    ranks: dict[str, tuple[int, float]]  # target id -> (target rounds, throughput)
+    throughput: PoolThroughput
     active_remaining: float
 
 
@@ -202,7 +204,7 @@ class ForceResumeWork:
             pool = self._pool(core, program.ref.model_pool, now)
             ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
             return global_force_resume_estimate(
-                rank_rounds_and_throughput=pool.ranks,
+                pool=pool.throughput,
                 active_remaining_rounds=pool.active_remaining,
                 waiters_ahead=ahead,
                 max_timeout=maximum,
@@ -231,7 +233,9 @@ class ForceResumeWork:
         if rounds > 0 and throughput > 0.0:
             rank = core.table.rank(target)
             active = total_active_remaining_rounds(
-                rounds, ((p.rounds_since_activation, p in rank.reasoning) for p in rank.active())
+                rounds,
+                (p.rounds_since_activation for p in rank.reasoning),
+                (p.rounds_since_activation for p in rank.acting),
             )
         work = self._ranks[target] = RankWork(now, rounds, throughput, active)
         return work
@@ -242,12 +246,12 @@ class ForceResumeWork:
         fresh = cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds
         if cached is not None and fresh and cached.targets is targets:
             return cached
-        works = {target: self._rank(core, target, now) for target in targets}
+        works = [self._rank(core, target, now) for target in targets]
         work = self._pools[model_pool] = PoolWork(
             computed_at=now,
             targets=targets,
-            ranks={t: (w.rounds, w.throughput) for t, w in works.items()},
-            active_remaining=math.fsum(w.active_remaining for w in works.values()),
+            throughput=PoolThroughput.of((w.rounds, w.throughput) for w in works),
+            active_remaining=math.fsum(w.active_remaining for w in works),
         )
         return work
 
@@ -331,7 +335,7 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
                     return
                 entry = program.queue_entry
                 assert entry is not None
-                if isinstance(view.judge(entry.required, entry.recovery), Rejection):
+                if isinstance(view.judge(entry.required, entry.uncached), Rejection):
                     continue  # what the plan would refuse, decided from the queued facts alone
             result = plan(view, program, now)
             if isinstance(result, AdmissionPlan):

@@ -367,7 +367,7 @@ class ProgramScheduler:
         if kind is TimerKind.ACTING_TTL:
             relevant = payload.phase == AA
         elif kind is TimerKind.FORCE_RESUME:
-            relevant = payload.queue_key is not None
+            relevant = payload.queue_entry is not None
         else:
             relevant = payload.phase == PA
         if not relevant:  # it resumed, or left the queue: the entry goes, and so does its registration
