@@ -25,16 +25,13 @@ class Agenda:
     def candidates_arrived(self, target_id: str) -> None:
         self._candidates.add(target_id)
 
-    def due(self) -> list[str]:
-        """The Ranks on the agenda now, in id order."""
-        return sorted(self._changed | self._candidates)
-
-    def needs_full_pass(self, target_id: str) -> bool:
-        return target_id in self._changed
-
-    def candidates_taken(self, target_id: str) -> None:
-        """The Rank's new candidates are being planned."""
-        self._candidates.discard(target_id)
+    def take(self) -> list[tuple[str, bool]]:
+        """The Ranks on the agenda now, in id order, each with whether it needs a full pass; their new
+        candidates are taken (a Rank's pass only ever puts that Rank back on the agenda)."""
+        changed = self._changed
+        due = [(t, t in changed) for t in sorted(changed | self._candidates)]
+        self._candidates.clear()
+        return due
 
     def settled(self, target_id: str) -> None:
         """The Rank was examined against its current capacity state."""

@@ -163,7 +163,6 @@ def complete(
         explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
     )
     impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
-    hint_ttl = dispatch.hints.kv_retention_ttl_seconds
     idle = core.table.request_finished(program)
     if usage.prompt_tokens is not None:
         observe_context(core, program, usage.prompt_tokens)
@@ -189,25 +188,39 @@ def complete(
     program.output_token_reservation = None
     if program.active and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
-    if not idle:
-        return
+    if idle:
+        _went_idle(core, program, dispatch, now, success=success, terminate=terminate, impact=impact)
+
+
+def _went_idle(
+    core: Core,
+    program: Program,
+    dispatch: ProgramDispatch,
+    now: float,
+    *,
+    success: bool,
+    terminate: bool,
+    impact: float,
+) -> None:
+    """The completion left the Program idle: it ends, pauses, or keeps its placement for an acting TTL
+    (the request's hint, else the TTL fitted to its Rank) and may then yield its segment."""
+    config = core.config
     if terminate:
         release(core, program, now)
-        return
-    if program.pause_when_idle:
+    elif program.pause_when_idle:
         pause(core, program, PauseReason.CAPACITY_REPAIR, now)
-        return
-    if not success:
+    elif not success:
         pause(core, program, PauseReason.REQUEST_FAILED, now)
-        return
-    if hint_ttl is not None:
-        ttl, source = hint_ttl, "request_hint"
     else:
-        ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)
-        source = "fitted"
-    arm_ttl(core, program, ttl, source, now)
-    if program.active and not config.binding_only:
-        segment_yield(core, program, now)
+        hint_ttl = dispatch.hints.kv_retention_ttl_seconds
+        if hint_ttl is not None:
+            arm_ttl(core, program, hint_ttl, "request_hint", now)
+        else:
+            factors = core.factors.get(dispatch.target.id)
+            ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)
+            arm_ttl(core, program, ttl, "fitted", now)
+        if program.active and not config.binding_only:
+            segment_yield(core, program, now)
 
 
 def _segment_bookkeeping(
@@ -220,23 +233,15 @@ def _segment_bookkeeping(
     explicit_cached: int | None,
     impact: float,
 ) -> None:
-    target = dispatch.target.id
-    observer = core.observer
+    """Rounds and segments of a successful completion; a placement start that lost the cache begins a
+    new segment and observes the shared prefix."""
     previous = program.completions.last_context_tokens
     continuous = cache_continuous(previous if previous > 0 else None, cached)
     segment = program.segment
     started_at, served = segment.started_at, segment.served_rounds
     if dispatch.placement_start_request and (previous <= 0 or not continuous):
         started_at, served = dispatch.dispatched_at, 0
-        shared = program.shared_prefix
-        if not shared.observed or shared.fresh_until is None or now >= shared.fresh_until:
-            # Missing cached usage is no evidence of a shared prefix: it observes 0.
-            lifetime = shared_prefix_lifetime(
-                core.config, core.factors.get(target), len(core.table.rank(target).reasoning)
-            )
-            program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
-            if explicit_cached is not None:
-                observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
+        _observe_shared_prefix(core, program, dispatch.target.id, explicit_cached, now)
     if continuous:
         core.table.count_round(program)
     program.segment = Segment(
@@ -245,13 +250,44 @@ def _segment_bookkeeping(
         segment.ttl_pause_sampled_rounds,
         segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
     )
+    _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
+
+
+def _observe_shared_prefix(
+    core: Core, program: Program, target: str, explicit_cached: int | None, now: float
+) -> None:
+    """A new segment observes the shared prefix, unless the last observation is still fresh."""
+    shared = program.shared_prefix
+    if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
+        return
+    lifetime = shared_prefix_lifetime(
+        core.config, core.factors.get(target), len(core.table.rank(target).reasoning)
+    )
+    # Missing cached usage is no evidence of a shared prefix: it observes 0.
+    program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
+    if explicit_cached is not None:
+        core.observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
+
+
+def _report_cache(
+    core: Core,
+    program: Program,
+    dispatch: ProgramDispatch,
+    prompt: int,
+    cached: int,
+    explicit_cached: int | None,
+    impact: float,
+    previous: int,
+    continuous: bool,
+) -> None:
+    observer = core.observer
+    target = dispatch.target.id
     if (
         explicit_cached is not None
         and previous > 0
         and not dispatch.placement_start_request
         and not continuous
     ):
-        uncached = max(0, prompt - explicit_cached)
         observer.event(
             "info",
             "unexpected_cache_discontinuity",
@@ -261,7 +297,7 @@ def _segment_bookkeeping(
             cached_tokens=explicit_cached,
             previous_context_tokens=previous,
             hit_ratio_vs_previous=explicit_cached / previous,
-            uncached_tokens=uncached,
+            uncached_tokens=max(0, prompt - explicit_cached),
             estimated_miss_tokens=max(0, previous - explicit_cached),
             cache_miss_impact_seconds=impact,
             segment_served_rounds=program.segment.served_rounds,

@@ -110,12 +110,6 @@ def acting_ttl_candidates(max_ttl: float) -> tuple[float, ...]:
     return tuple(candidates)
 
 
-@functools.lru_cache(maxsize=4096)
-def _ttl_grid(max_ttl: float) -> tuple[tuple[float, float], ...]:
-    """The positive candidates with their logarithms, in candidate order (0 scores U(0) = 0 anyway)."""
-    return tuple((ttl, math.log(ttl)) for ttl in acting_ttl_candidates(max_ttl) if ttl > 0.0)
-
-
 def fitted_acting_ttl_from_fit(
     fit: LogNormalFit | None,
     impact_seconds: float,
@@ -133,10 +127,12 @@ def fitted_acting_ttl_from_fit(
     # seconds saved by holding the KV for d (the recompute C avoided when the next request comes back within
     # d, minus the time the KV sits idle: the gap itself when it returns in time, d when it does not).
     mu, sigma, half_mean = fit.mu, fit.sigma, fit.mean * 0.5
-    erfc, k = math.erfc, _SQRT1_2
+    erfc, log, k = math.erfc, math.log, _SQRT1_2
     best_ttl, best_utility = 0.0, 0.0  # U(0) = 0: the candidate 0 comes first
-    for ttl, log_ttl in _ttl_grid(max_ttl):
-        z = (log_ttl - mu) / sigma
+    for ttl in acting_ttl_candidates(max_ttl):
+        if ttl <= 0.0:
+            continue
+        z = (log(ttl) - mu) / sigma
         hit = 0.5 * erfc(-z * k)
         utility = impact_seconds * hit - half_mean * erfc(-(z - sigma) * k) - ttl * (1.0 - hit)
         if utility >= best_utility:

@@ -419,9 +419,7 @@ class ProgramScheduler:
         agenda = core.agenda
         repair = not self.config.binding_only
         while agenda:
-            for target_id in agenda.due():
-                full = agenda.needs_full_pass(target_id)
-                agenda.candidates_taken(target_id)
+            for target_id, full in agenda.take():
                 if target_id not in core.targets:
                     agenda.settled(target_id)
                     continue
