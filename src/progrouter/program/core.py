@@ -1,8 +1,9 @@
 """The state one ``ProgramScheduler`` owns, in one place the policy modules share.
 
 Accounting (``CapacityLedger``), state (``ProgramTable``), retained requests (``RequestPool``), Rank queues,
-binding, timers and rolling statistics are separate objects; this bundle only wires them together so that
-admission, lifecycle and resume can be plain functions of ``(core, …)``.
+the work queue (``Agenda``), force-resume inputs, binding, timers and rolling statistics are separate
+objects, each changed only through its own methods; this bundle only wires them together for the event
+handlers of lifecycle and resume. Decisions take narrower views (``RankView``, a queue, a record).
 """
 
 from __future__ import annotations
