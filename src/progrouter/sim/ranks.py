@@ -12,8 +12,9 @@ the same text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from progrouter.config import DecodeThroughputModel, PrefillCostModel
 from progrouter.engine import EngineConfig, EngineCore, RequestOutput, SamplingParams, StepResult
 from progrouter.engine.metrics import render_metrics
 from progrouter.program.types import BackendObservation
@@ -37,6 +38,8 @@ class FleetSpec:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None  # default: the whole KV cache of a Rank
+    prefill_cost_model: PrefillCostModel = field(default_factory=PrefillCostModel)
+    decode_throughput_model: DecodeThroughputModel = field(default_factory=DecodeThroughputModel)
 
     @property
     def capacity_tokens(self) -> int:
@@ -51,6 +54,8 @@ class FleetSpec:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or blocks * self.block_size,
+            prefill_cost_model=self.prefill_cost_model,
+            decode_throughput_model=self.decode_throughput_model,
         )
 
 
