@@ -29,10 +29,15 @@ from progrouter.sim.report import build_report, write_report
 from progrouter.sim.simulation import ArmResult, Simulation
 from progrouter.workload import trace as trace_mod
 from progrouter.workload.bench_cli import default_program_config
-from progrouter.workload.generators import CodingWorkload, generate
+from progrouter.workload.generators import CodingWorkload
 from progrouter.workload.render import rank_table, summary_table
 from progrouter.workload.trace import Trace, TraceError
-from progrouter.workload.trace_cli import add_scale_arguments, add_workload_arguments, workload_from_args
+from progrouter.workload.trace_cli import (
+    WORKLOADS,
+    add_scale_arguments,
+    add_workload_arguments,
+    trace_from_args,
+)
 
 DEFAULT_ARMS = "native,program,oracle"
 KV_CAPACITY = "kv"
@@ -43,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which = src.add_mutually_exclusive_group(required=True)
     which.add_argument("--trace", type=Path, default=None, help="a progrouter trace (JSONL)")
     which.add_argument(
-        "--generate", choices=["coding", "long-tool", "long_tool"], default=None, help="synthetic workload"
+        "--generate", choices=[*WORKLOADS, "long-tool"], default=None, help="synthetic workload"
     )
     add_workload_arguments(src)
     add_scale_arguments(parser)
@@ -123,7 +128,7 @@ def load_trace(args: argparse.Namespace) -> Trace:
     else:
         if args.block_size is None:
             args.block_size = CodingWorkload().block_size
-        t = generate(workload_from_args(args.generate.replace("-", "_"), args))
+        t = trace_from_args(args.generate, args)
     t = t.scaled(token_scale=args.token_scale, time_scale=args.time_scale)
     return t.head(args.num_tasks) if args.num_tasks else t
 

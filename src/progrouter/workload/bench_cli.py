@@ -20,12 +20,11 @@ from progrouter.engine.profiles import BUILTIN, load_profile, with_cost_models
 from progrouter.workload import trace as trace_mod
 from progrouter.workload.bench import ARMS, Bench, BenchPlan, EngineFleet, ExternalFleet, upstream_binary
 from progrouter.workload.facts import Fact
-from progrouter.workload.generators import generate
 from progrouter.workload.procs import ProcessError
 from progrouter.workload.render import plot, print_report
 from progrouter.workload.replay_cli import add_replay_arguments, options_from_args
 from progrouter.workload.trace import Trace, TraceError
-from progrouter.workload.trace_cli import add_workload_arguments, workload_from_args
+from progrouter.workload.trace_cli import WORKLOADS, add_workload_arguments, trace_from_args
 
 DEFAULT_ARMS = "native,program,binding_only,oracle,upstream"
 
@@ -35,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", type=Path, default=None, help="a progrouter trace (JSONL)")
     src.add_argument(
         "--workload",
-        choices=["coding", "long_tool"],
+        choices=WORKLOADS,
         default="coding",
         help="synthetic workload when no --trace is given",
     )
@@ -94,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _trace(args: argparse.Namespace) -> Trace:
-    t = trace_mod.load(args.trace) if args.trace else generate(workload_from_args(args.workload, args))
+    t = trace_mod.load(args.trace) if args.trace else trace_from_args(args.workload, args)
     t = t.scaled(token_scale=args.token_scale)
     return t.head(args.num_tasks) if args.num_tasks else t
 
