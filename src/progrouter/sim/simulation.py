@@ -11,6 +11,7 @@ router's queue wait), first token, finished — and the Ranks' counters are scra
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,8 +65,10 @@ class Simulation:
         *,
         salt: str = "progrouter",
         max_concurrent_tasks: int | None = None,
+        until: float | None = None,
     ) -> None:
         self.trace = trace
+        self.until = until  # None: until every task finished; else stop at this virtual time
         self.fleet = fleet
         self.arm = arm
         self.clock = VirtualClock()
@@ -103,8 +106,8 @@ class Simulation:
         before = scrape(self.ranks)
         self.router.start(0.0)
         self.agents.start()
-        self.clock.run(stop=lambda: False)
-        if not self.agents.done:
+        self.clock.run(stop=lambda: False, until=math.inf if self.until is None else self.until)
+        if self.until is None and not self.agents.done:
             raise RuntimeError(f"{self.agents.running_tasks} tasks never finished (a request was lost)")
         after = scrape(self.ranks)
         planned = {t.task_id: t.num_requests for t in self.trace.tasks}
