@@ -41,7 +41,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._blocks: list[KVCacheBlock] = []  # blocks created so far, by id
         self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
-        # Then the freed blocks; insertion order is eviction order (popitem(last=False): least recently freed).
+        # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._cached: dict[int, KVCacheBlock] = {}
         self.num_evictions = 0

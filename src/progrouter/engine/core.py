@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.cost import StepCostModel
 from progrouter.engine.kv_cache_manager import KVCacheManager
-from progrouter.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from progrouter.engine.request import FinishReason, PromptBlocks, Request, RequestStatus, SamplingParams
 from progrouter.engine.scheduler import EngineScheduler
 from progrouter.engine.stats import EngineStats
 
@@ -81,20 +81,26 @@ class EngineCore:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt: Sequence[int] | PromptBlocks,
         params: SamplingParams,
         now: float,
         *,
         cache_salt: str | None = None,
     ) -> None:
+        """Queue a request; ``prompt`` is token ids or, from a simulator, ``PromptBlocks``."""
         cfg = self.config
         if request_id in self._requests:
             raise RequestRejected(f"request id {request_id!r} is already in the engine")
-        if not prompt_token_ids:
+        num_prompt = prompt.num_tokens if isinstance(prompt, PromptBlocks) else len(prompt)
+        if num_prompt < 1:
             raise RequestRejected("The decoder prompt cannot be empty")
-        if len(prompt_token_ids) + params.max_tokens > cfg.max_model_len:
+        if isinstance(prompt, PromptBlocks) and len(prompt.block_keys) != num_prompt // cfg.block_size:
             raise RequestRejected(
-                f"prompt ({len(prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds "
+                f"{len(prompt.block_keys)} block keys for {num_prompt} tokens in blocks of {cfg.block_size}"
+            )
+        if num_prompt + params.max_tokens > cfg.max_model_len:
+            raise RequestRejected(
+                f"prompt ({num_prompt}) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({cfg.max_model_len})"
             )
         if params.max_tokens < 1:
@@ -103,7 +109,7 @@ class EngineCore:
         seed = params.seed if params.seed is not None else hash((cfg.seed, self.rank, self._num_added))
         request = Request(
             request_id,
-            list(prompt_token_ids),
+            prompt,
             params,
             arrival_time=now,
             block_size=cfg.block_size,

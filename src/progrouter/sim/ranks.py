@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel
-from progrouter.engine import EngineConfig, EngineCore, RequestOutput, SamplingParams, StepResult
+from progrouter.engine import (
+    EngineConfig,
+    EngineCore,
+    PromptBlocks,
+    RequestOutput,
+    SamplingParams,
+    StepResult,
+)
 from progrouter.engine.metrics import render_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target, expand_targets
@@ -71,7 +78,9 @@ class SimRank:
         self._clock = clock
         self._on_output = on_output
 
-    def add(self, request_id: str, prompt: Sequence[int], output_tokens: int, now: float) -> None:
+    def add(
+        self, request_id: str, prompt: Sequence[int] | PromptBlocks, output_tokens: int, now: float
+    ) -> None:
         """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
         params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
         self.core.add_request(request_id, prompt, params, now)

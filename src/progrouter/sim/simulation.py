@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from progrouter.config import Policy
-from progrouter.engine import RequestOutput, RequestRejected
+from progrouter.engine import PromptBlocks, RequestOutput, RequestRejected
 from progrouter.program.types import BackendObservation
 from progrouter.routing.policies import ConsistentHashPolicy, RoundRobinPolicy, RoutingPolicy
 from progrouter.routing.target import Target
@@ -155,7 +155,7 @@ class Simulation:
         fact.rank = target.rank
         fact.target = target.id
         rank = self._by_target[target.id]
-        prompt = self.prompts.token_ids(request.task.task_id, request.request_id, request.request).tolist()
+        prompt = self._prompt(request, rank.core.config.block_size)
         try:
             rank.add(request.request_id, prompt, request.request.output_tokens, now)
         except RequestRejected as exc:
@@ -163,6 +163,16 @@ class Simulation:
             self.clock.at(now, self._refused, (request, str(exc)))
             return
         self._in_flight[request.request_id] = request
+
+    def _prompt(self, request: SimRequest, block_size: int) -> PromptBlocks | list[int]:
+        """The prompt as block keys when the Rank's blocks are whole trace blocks (no tokens drawn or
+        hashed: the same cache behaviour for a fraction of the time), else as token ids."""
+        task_id, trace_request = request.task.task_id, request.request
+        keys = self.prompts.block_keys(task_id, request.request_id, trace_request, block_size)
+        if keys is not None:
+            return PromptBlocks(trace_request.input_tokens, keys)
+        tokens: list[int] = self.prompts.token_ids(task_id, request.request_id, trace_request).tolist()
+        return tokens
 
     def _refused(self, arg: tuple[SimRequest, str]) -> None:
         request, error = arg

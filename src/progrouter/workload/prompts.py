@@ -10,6 +10,7 @@ token as one word (``t<id>``), which the engine emulator's tokenizer maps to one
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Hashable
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +58,29 @@ class PromptBuilder:
         if not parts:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate(parts)[: request.input_tokens]
+
+    def block_keys(
+        self, task_id: str, request_id: str, request: TraceRequest, block_size: int
+    ) -> list[Hashable] | None:
+        """One key per full ``block_size``-token block of the prompt ``token_ids`` builds, equal exactly where
+        its tokens are equal (a trace block's scope and id; request-unique for padding); None when
+        ``block_size`` is not a multiple of the trace's block size."""
+        per, rest = divmod(block_size, self._block_size)
+        if rest:
+            return None
+        ids = request.hash_ids
+        shared = self._shared
+        keys: list[Hashable] = []
+        for j in range(request.input_tokens // block_size):
+            part = ids[j * per : (j + 1) * per]
+            if len(part) < per:
+                keys.extend(
+                    ("pad", task_id, request_id, k) for k in range(j, request.input_tokens // block_size)
+                )
+                break
+            scoped = tuple((SHARED_SCOPE if b in shared else task_id, b) for b in part)
+            keys.append(scoped[0] if per == 1 else scoped)
+        return keys
 
     def text(self, task_id: str, request_id: str, request: TraceRequest) -> str:
         return " ".join(f"t{t}" for t in self.token_ids(task_id, request_id, request).tolist())
