@@ -11,6 +11,7 @@ wall clock stays causal. No asyncio, no wall clock, no I/O: the server and the s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,16 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``steps`` plain decode steps of ``batch`` requests from ``start``; the first at ``context`` tokens."""
+
+    start: float
+    steps: int
+    batch: int
+    context: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +230,45 @@ class EngineCore:
             decode_batch_size=batch,
             num_running=len(sched.running),
         )
+
+    # ---- decode runs (the simulator's fast path) --------------------------------------------------------
+
+    def decode_run(self, now: float) -> DecodeRun | None:
+        """The plain decode steps from ``now`` on (see ``EngineScheduler.decode_run_length``), at least two,
+        as one plan; nothing changes until ``finish_decode_run``. None: step normally."""
+        now = max(now, self._free_at)
+        sched = self.scheduler
+        steps = sched.decode_run_length(now, self.config.eos_probability)
+        if steps < 2:
+            return None
+        running = sched.running
+        context = sum(r.num_computed_tokens + 1 for r in running)
+        return DecodeRun(now, steps, len(running), context)
+
+    def decode_run_steps(self, run: DecodeRun, before: float = math.inf) -> tuple[int, float]:
+        """How many of the run's steps start before ``before`` (at least the first), and when they end.
+
+        Step i decodes every running request at context ``context + i * batch``, so the times are exactly
+        those of stepping one by one (the same float sums, in the same order).
+        """
+        cost, slow = self.cost, self.slow_factor
+        end = run.start
+        steps = 0
+        while steps < run.steps and (steps == 0 or end < before):
+            end += cost.decode_seconds(run.batch, run.context + steps * run.batch) * slow
+            steps += 1
+        return steps, end
+
+    def finish_decode_run(self, run: DecodeRun, before: float = math.inf) -> float:
+        """Apply the run's steps that start before ``before``; return when the last of them ends."""
+        steps, end = self.decode_run_steps(run, before)
+        self.scheduler.advance_decodes(steps)
+        stats = self.stats
+        stats.num_steps += steps
+        stats.busy_seconds += end - run.start
+        stats.generation_tokens += steps * run.batch
+        self._free_at = end
+        return end
 
     # ---- observation ----------------------------------------------------------------------------------
 

@@ -119,6 +119,44 @@ class EngineScheduler:
             request.num_computed_tokens = num_hit_tokens + n
             budget -= n
 
+    def decode_run_length(self, now: float, eos_probability: float) -> int:
+        """How many schedules from ``now`` on are plain decodes that change nothing but counts.
+
+        True of the next k steps when every running request decodes one token (all fit the token budget), is a
+        block-mode prompt whose output nobody reads, has no EOS roll, neither needs a new block nor fills one
+        and does not finish within them; and no waiting request can be admitted (none waits, the batch is
+        full, or the head failed admission and nothing it needs can change: no block is freed, allocated or
+        cached in such steps). 0 when the next step is not one of them.
+        """
+        running = self.running
+        if not running or len(running) > self.max_num_batched_tokens:
+            return 0
+        waiting = self.waiting
+        if waiting and len(running) < self.max_num_seqs:
+            head = waiting[0]
+            budget = self.max_num_batched_tokens - len(running)
+            if head.arrival_time > now or not self._still_blocked(head, budget):
+                return 0
+        kv = self.kv
+        bs = kv.block_size
+        steps = 1 << 30
+        for r in running:
+            c = r.num_computed_tokens
+            if r.num_tokens - c != 1 or r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
+                return 0
+            # Step i computes position c + i: stop before the one that fills a block or needs a new one.
+            room = min((c // bs + 1) * bs - c - 1, kv.num_blocks_of(r) * bs - c)
+            steps = min(steps, room, r.params.max_tokens - r.num_output_tokens - 1)
+            if steps <= 0:
+                return 0
+        return steps
+
+    def advance_decodes(self, steps: int) -> None:
+        """Apply ``steps`` plain decode steps (``decode_run_length`` allowed them) to the running requests."""
+        for r in self.running:
+            r.num_computed_tokens += steps
+            r.skip_output_tokens(steps)
+
     def _still_blocked(self, request: Request, budget: int) -> bool:
         """True when the head that failed last time must fail again, so its cache lookup can be skipped.
 

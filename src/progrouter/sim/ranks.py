@@ -23,6 +23,7 @@ from progrouter.engine import (
     SamplingParams,
     StepResult,
 )
+from progrouter.engine.core import DecodeRun
 from progrouter.engine.metrics import render_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target, expand_targets
@@ -47,6 +48,7 @@ class FleetSpec:
     max_model_len: int | None = None  # default: the whole KV cache of a Rank
     prefill_cost_model: PrefillCostModel = field(default_factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = field(default_factory=DecodeThroughputModel)
+    decode_runs: bool = True  # plain decode steps as one event (same results; False: one event per step)
 
     @property
     def capacity_tokens(self) -> int:
@@ -67,34 +69,72 @@ class FleetSpec:
 
 
 class SimRank:
-    """One Rank: its target, its core, and whether a step is scheduled."""
+    """One Rank: its target, its core, and whether a step (or a decode run) is scheduled.
 
-    __slots__ = ("_clock", "_on_output", "core", "stepping", "target")
+    When the core's next steps are plain decodes (``EngineCore.decode_run``) the Rank schedules their end as
+    one event instead of one per step. A request that arrives meanwhile cuts the run: the steps that started
+    before it are applied and the Rank steps normally from the end of the last one, where the request joins,
+    exactly as if the run had been stepped one by one.
+    """
 
-    def __init__(self, target: Target, core: EngineCore, clock: VirtualClock, on_output: OutputHandler):
+    __slots__ = ("_clock", "_on_output", "_run", "_run_seq", "core", "decode_runs", "stepping", "target")
+
+    def __init__(
+        self,
+        target: Target,
+        core: EngineCore,
+        clock: VirtualClock,
+        on_output: OutputHandler,
+        *,
+        decode_runs: bool = True,
+    ):
         self.target = target
         self.core = core
         self.stepping = False
+        self.decode_runs = decode_runs
         self._clock = clock
         self._on_output = on_output
+        self._run: DecodeRun | None = None
+        self._run_seq = 0  # the pending run's end event carries this; a cut run's event is stale
 
     def add(
         self, request_id: str, prompt: Sequence[int] | PromptBlocks, output_tokens: int, now: float
     ) -> None:
         """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
         params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
+        if self._run is not None:
+            end = self.core.finish_decode_run(self._run, before=now)
+            self._run = None
+            self._run_seq += 1
+            self._clock.at(end, self._step)
         self.core.add_request(request_id, prompt, params, now)
         if not self.stepping:
             self.stepping = True
             self._clock.at(now, self._step)
 
     def _step(self, _: object) -> None:
-        result = self.core.step(self._clock.now)
+        now = self._clock.now
+        if self.decode_runs:
+            run = self.core.decode_run(now)
+            if run is not None:
+                self._run = run
+                self._run_seq += 1
+                _, end = self.core.decode_run_steps(run)
+                self._clock.at(end, self._run_over, self._run_seq)
+                return
+        result = self.core.step(now)
         if result.num_scheduled_tokens == 0:
             # Nothing could run: an empty Rank admits any request that fits its KV, so it is idle.
             self.stepping = False
             return
         self._clock.at(result.end, self._deliver, result)
+
+    def _run_over(self, seq: int) -> None:
+        if seq != self._run_seq or self._run is None:
+            return  # cut by an arrival; the Rank already stepped on
+        self.core.finish_decode_run(self._run)
+        self._run = None
+        self._step(None)
 
     def _deliver(self, result: StepResult) -> None:
         now = self._clock.now
@@ -116,7 +156,10 @@ def build_fleet(
 ) -> list[SimRank]:
     config = spec.engine_config(num_blocks)
     targets = expand_targets([SIM_ENGINE_URL], spec.ranks)
-    return [SimRank(t, EngineCore(config, rank=t.rank), clock, on_output) for t in targets]
+    return [
+        SimRank(t, EngineCore(config, rank=t.rank), clock, on_output, decode_runs=spec.decode_runs)
+        for t in targets
+    ]
 
 
 def scrape(ranks: Sequence[SimRank]) -> list[Sample]:
