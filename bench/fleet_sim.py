@@ -75,12 +75,8 @@ class Sampler:
     def _sample(self, _: object) -> None:
         sim = self.sim
         self.times.append(sim.clock.now)
-        self.kv.append([r.core.kv_cache_usage() for r in sim.ranks])
-        per_rank: dict[str, set[str]] = {r.target.id: set() for r in sim.ranks}
-        for request in sim._in_flight.values():
-            if request.target is not None:
-                per_rank[request.target.id].add(request.program.program_id)
-        self.programs.append([len(per_rank[r.target.id]) for r in sim.ranks])
+        self.kv.append([r.observation().kv_cache_usage for r in sim.ranks])
+        self.programs.append(sim.programs_per_rank())
         if sim.clock.now + SAMPLE_SECONDS <= self.until:
             sim.clock.at(sim.clock.now + SAMPLE_SECONDS, self._sample)
 

@@ -45,13 +45,17 @@ class RequestOutput:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeRun:
-    """``steps`` plain decode steps of ``batch`` requests from ``start``; the first at ``context`` tokens."""
+class PlainRun:
+    """``steps`` plain steps from ``start``: ``batch`` requests decode (the first step at ``context`` tokens)
+    and, when ``chunk`` > 0, the last running request prefills ``chunk`` uncached tokens a step from
+    ``offset``."""
 
     start: float
     steps: int
     batch: int
     context: int
+    chunk: int
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,38 +235,46 @@ class EngineCore:
             num_running=len(sched.running),
         )
 
-    # ---- decode runs (the simulator's fast path) --------------------------------------------------------
+    # ---- plain runs (the simulator's fast path) ---------------------------------------------------------
 
-    def decode_run(self, now: float) -> DecodeRun | None:
-        """The plain decode steps from ``now`` on (see ``EngineScheduler.decode_run_length``), at least two,
-        as one plan; nothing changes until ``finish_decode_run``. None: step normally."""
+    def plain_run(self, now: float) -> PlainRun | None:
+        """The plain steps from ``now`` on (see ``EngineScheduler.plain_run``), at least two, as one plan;
+        nothing changes until ``finish_plain_run``. None: step normally."""
         now = max(now, self._free_at)
         sched = self.scheduler
-        steps = sched.decode_run_length(now, self.config.eos_probability)
+        steps, chunk = sched.plain_run(now, self.config.eos_probability)
         if steps < 2:
             return None
         running = sched.running
-        context = sum(r.num_computed_tokens + 1 for r in running)
-        return DecodeRun(now, steps, len(running), context)
+        decoders = running[:-1] if chunk else running
+        context = sum(r.num_computed_tokens + 1 for r in decoders)
+        last = running[-1]
+        offset = last.num_computed_tokens - last.prefill_base
+        return PlainRun(now, steps, len(decoders), context, chunk, offset)
 
-    def decode_run_steps(self, run: DecodeRun, before: float = math.inf) -> tuple[int, float]:
+    def plain_run_steps(self, run: PlainRun, before: float = math.inf) -> tuple[int, float]:
         """How many of the run's steps start before ``before`` (at least the first), and when they end.
 
-        Step i decodes every running request at context ``context + i * batch``, so the times are exactly
-        those of stepping one by one (the same float sums, in the same order).
+        Step i decodes every decoding request at context ``context + i * batch`` and computes the prefill's
+        chunk ``[offset + i * chunk, offset + (i + 1) * chunk)``, so the times are exactly those of stepping
+        one by one (the same float sums, in the same order).
         """
         cost, slow = self.cost, self.slow_factor
         end = run.start
         steps = 0
         while steps < run.steps and (steps == 0 or end < before):
-            end += cost.decode_seconds(run.batch, run.context + steps * run.batch) * slow
+            prefill = 0.0
+            if run.chunk:
+                start = run.offset + steps * run.chunk
+                prefill += cost.prefill_chunk_seconds(start, start + run.chunk)
+            end += (cost.decode_seconds(run.batch, run.context + steps * run.batch) + prefill) * slow
             steps += 1
         return steps, end
 
-    def finish_decode_run(self, run: DecodeRun, before: float = math.inf) -> float:
+    def finish_plain_run(self, run: PlainRun, before: float = math.inf) -> float:
         """Apply the run's steps that start before ``before``; return when the last of them ends."""
-        steps, end = self.decode_run_steps(run, before)
-        self.scheduler.advance_decodes(steps)
+        steps, end = self.plain_run_steps(run, before)
+        self.scheduler.advance_plain(steps, run.chunk)
         stats = self.stats
         stats.num_steps += steps
         stats.busy_seconds += end - run.start

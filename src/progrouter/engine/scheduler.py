@@ -119,43 +119,68 @@ class EngineScheduler:
             request.num_computed_tokens = num_hit_tokens + n
             budget -= n
 
-    def decode_run_length(self, now: float, eos_probability: float) -> int:
-        """How many schedules from ``now`` on are plain decodes that change nothing but counts.
+    def plain_run(self, now: float, eos_probability: float) -> tuple[int, int]:
+        """``(k, chunk)``: the next k schedules from ``now`` on change nothing but counts and the last running
+        request's prefill, which computes ``chunk`` tokens in each (0: every request decodes).
 
-        True of the next k steps when every running request decodes one token (all fit the token budget), is a
-        block-mode prompt whose output nobody reads, has no EOS roll, neither needs a new block nor fills one
-        and does not finish within them; and no waiting request can be admitted (none waits, the batch is
-        full, or the head failed admission and nothing it needs can change: no block is freed, allocated or
-        cached in such steps). 0 when the next step is not one of them.
+        True of k steps when every running request but the last decodes one token; the last decodes too or
+        prefills with the rest of the token budget without finishing its prompt; every request is a
+        block-mode prompt whose output nobody reads, with no EOS roll; no decoding request needs a new
+        block, fills one or finishes; the prefill's new blocks are free now (nobody is preempted); and no
+        waiting request can be admitted (the prefill takes the whole budget, none waits, the batch is full,
+        or the head failed admission and nothing it needs can change: without a prefill no block is freed,
+        taken or cached). ``(0, 0)`` when the next step is not such a step.
         """
         running = self.running
-        if not running or len(running) > self.max_num_batched_tokens:
-            return 0
-        waiting = self.waiting
-        if waiting and len(running) < self.max_num_seqs:
-            head = waiting[0]
-            budget = self.max_num_batched_tokens - len(running)
-            if head.arrival_time > now or not self._still_blocked(head, budget):
-                return 0
+        if not running:
+            return 0, 0
+        last = running[-1]
+        left = last.num_tokens - last.num_computed_tokens
+        budget = self.max_num_batched_tokens
+        chunk = budget - (len(running) - 1) if left > 1 else 0
+        if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
+            return 0, 0
         kv = self.kv
         bs = kv.block_size
         steps = 1 << 30
+        if chunk:
+            steps = (left - 1) // chunk  # steps that leave at least one prompt token: none samples
+            computed = last.num_computed_tokens
+            free = kv.pool.num_free_blocks + kv.num_blocks_of(last)
+            steps = min(steps, (free * bs - computed) // chunk)  # every chunk's blocks are free now
+        elif self.waiting and len(running) < self.max_num_seqs:
+            head = self.waiting[0]
+            if head.arrival_time > now or not self._still_blocked(head, budget - len(running)):
+                return 0, 0
+        decoders = running[:-1] if chunk else running
         for r in running:
+            if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
+                return 0, 0
+        for r in decoders:
             c = r.num_computed_tokens
-            if r.num_tokens - c != 1 or r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
-                return 0
+            if r.num_tokens - c != 1:
+                return 0, 0
             # Step i computes position c + i: stop before the one that fills a block or needs a new one.
             room = min((c // bs + 1) * bs - c - 1, kv.num_blocks_of(r) * bs - c)
             steps = min(steps, room, r.params.max_tokens - r.num_output_tokens - 1)
-            if steps <= 0:
-                return 0
-        return steps
+        if steps <= 0:
+            return 0, 0
+        return steps, chunk
 
-    def advance_decodes(self, steps: int) -> None:
-        """Apply ``steps`` plain decode steps (``decode_run_length`` allowed them) to the running requests."""
-        for r in self.running:
+    def advance_plain(self, steps: int, chunk: int) -> None:
+        """Apply ``steps`` schedules ``plain_run`` allowed: the decoders' tokens at once, the prefill's chunks
+        one by one (their blocks are taken and cached in step order, as stepping would)."""
+        running = self.running
+        decoders = running[:-1] if chunk else running
+        for r in decoders:
             r.num_computed_tokens += steps
             r.skip_output_tokens(steps)
+        if chunk:
+            last = running[-1]
+            for _ in range(steps):
+                if not self.kv.allocate_slots(last, chunk):
+                    raise AssertionError("a planned prefill chunk found no free blocks")
+                last.num_computed_tokens += chunk
 
     def _still_blocked(self, request: Request, budget: int) -> bool:
         """True when the head that failed last time must fail again, so its cache lookup can be skipped.

@@ -23,7 +23,7 @@ from progrouter.engine import (
     SamplingParams,
     StepResult,
 )
-from progrouter.engine.core import DecodeRun
+from progrouter.engine.core import PlainRun
 from progrouter.engine.metrics import render_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target, expand_targets
@@ -48,7 +48,7 @@ class FleetSpec:
     max_model_len: int | None = None  # default: the whole KV cache of a Rank
     prefill_cost_model: PrefillCostModel = field(default_factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = field(default_factory=DecodeThroughputModel)
-    decode_runs: bool = True  # plain decode steps as one event (same results; False: one event per step)
+    plain_runs: bool = True  # plain steps as one event (same results; False: one event per step)
 
     @property
     def capacity_tokens(self) -> int:
@@ -69,15 +69,15 @@ class FleetSpec:
 
 
 class SimRank:
-    """One Rank: its target, its core, and whether a step (or a decode run) is scheduled.
+    """One Rank: its target, its core, and whether a step (or a plain run) is scheduled.
 
-    When the core's next steps are plain decodes (``EngineCore.decode_run``) the Rank schedules their end as
-    one event instead of one per step. A request that arrives meanwhile cuts the run: the steps that started
-    before it are applied and the Rank steps normally from the end of the last one, where the request joins,
-    exactly as if the run had been stepped one by one.
+    When the core's next steps are plain (``EngineCore.plain_run``: decodes and one prefill's chunks) the
+    Rank schedules their end as one event instead of one per step. A request that arrives meanwhile, or an
+    observation, cuts the run: the steps that started before it are applied and the Rank steps on from the end
+    of the last one (where the request joins), exactly as if the run had been stepped one by one.
     """
 
-    __slots__ = ("_clock", "_on_output", "_run", "_run_seq", "core", "decode_runs", "stepping", "target")
+    __slots__ = ("_clock", "_on_output", "_run", "_run_seq", "core", "plain_runs", "stepping", "target")
 
     def __init__(
         self,
@@ -86,15 +86,15 @@ class SimRank:
         clock: VirtualClock,
         on_output: OutputHandler,
         *,
-        decode_runs: bool = True,
+        plain_runs: bool = True,
     ):
         self.target = target
         self.core = core
         self.stepping = False
-        self.decode_runs = decode_runs
+        self.plain_runs = plain_runs
         self._clock = clock
         self._on_output = on_output
-        self._run: DecodeRun | None = None
+        self._run: PlainRun | None = None
         self._run_seq = 0  # the pending run's end event carries this; a cut run's event is stale
 
     def add(
@@ -102,11 +102,7 @@ class SimRank:
     ) -> None:
         """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
         params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
-        if self._run is not None:
-            end = self.core.finish_decode_run(self._run, before=now)
-            self._run = None
-            self._run_seq += 1
-            self._clock.at(end, self._step)
+        self._cut(now)
         self.core.add_request(request_id, prompt, params, now)
         if not self.stepping:
             self.stepping = True
@@ -114,12 +110,12 @@ class SimRank:
 
     def _step(self, _: object) -> None:
         now = self._clock.now
-        if self.decode_runs:
-            run = self.core.decode_run(now)
+        if self.plain_runs:
+            run = self.core.plain_run(now)
             if run is not None:
                 self._run = run
                 self._run_seq += 1
-                _, end = self.core.decode_run_steps(run)
+                _, end = self.core.plain_run_steps(run)
                 self._clock.at(end, self._run_over, self._run_seq)
                 return
         result = self.core.step(now)
@@ -129,10 +125,18 @@ class SimRank:
             return
         self._clock.at(result.end, self._deliver, result)
 
+    def _cut(self, now: float) -> None:
+        """Apply the pending run's steps that started before ``now`` and step on from the last one's end."""
+        if self._run is not None:
+            end = self.core.finish_plain_run(self._run, before=now)
+            self._run = None
+            self._run_seq += 1
+            self._clock.at(end, self._step)
+
     def _run_over(self, seq: int) -> None:
         if seq != self._run_seq or self._run is None:
             return  # cut by an arrival; the Rank already stepped on
-        self.core.finish_decode_run(self._run)
+        self.core.finish_plain_run(self._run)
         self._run = None
         self._step(None)
 
@@ -147,6 +151,8 @@ class SimRank:
             self._clock.at(when, self._step)
 
     def observation(self) -> BackendObservation:
+        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run is cut)."""
+        self._cut(self._clock.now)
         core = self.core
         return BackendObservation(core.kv_cache_usage(), core.num_running, core.num_waiting)
 
@@ -157,7 +163,7 @@ def build_fleet(
     config = spec.engine_config(num_blocks)
     targets = expand_targets([SIM_ENGINE_URL], spec.ranks)
     return [
-        SimRank(t, EngineCore(config, rank=t.rank), clock, on_output, decode_runs=spec.decode_runs)
+        SimRank(t, EngineCore(config, rank=t.rank), clock, on_output, plain_runs=spec.plain_runs)
         for t in targets
     ]
 

@@ -213,5 +213,13 @@ class Simulation:
         self.router.finished(now, request, output)
         request.run.request_done(now)
 
+    def programs_per_rank(self) -> list[int]:
+        """How many Programs have a request on each Rank (running or waiting in its engine) right now."""
+        per_rank: dict[str, set[str]] = {r.target.id: set() for r in self.ranks}
+        for request in self._in_flight.values():
+            if request.target is not None:
+                per_rank[request.target.id].add(request.program.program_id)
+        return [len(per_rank[r.target.id]) for r in self.ranks]
+
     def _observe(self, targets: Sequence[Target]) -> dict[str, BackendObservation]:
         return {t.id: self._by_target[t.id].observation() for t in targets}
