@@ -1,5 +1,5 @@
-"""Fleet-size simulation: Ranks of a GPU engine profile, Claude-Code-shaped agents at full token scale, one arm
-after another on the same trace, for a bounded stretch of modelled time.
+"""Fleet-size simulation: Ranks of a GPU engine profile, Claude-Code-shaped agents at full token scale, one
+arm after another on the same trace, for a bounded stretch of modelled time.
 
 ``--agents`` sessions run at once (``max_concurrent_tasks``): when one ends the next starts, so the offered
 load stays at that many agents for the whole run. The trace has ``--agents`` × (1 + ``--reserve``) sessions;
@@ -7,8 +7,8 @@ the run stops at ``--hours`` of modelled time, and every figure covers what happ
 that completed; JCT over the sessions that completed). KV blocks are ``--block-size`` tokens (default 256:
 see docs/simulator.md for what a coarser block changes). Prints, per arm: request latency and session JCT,
 token cache hit, prefill GPU-seconds spent and saved (the profile's prefill model applied to each completed
-request's uncached and cached tokens), queue wait in the router, preemptions, KV utilisation, Programs per Rank,
-and the wall time; writes a PNG of Programs per Rank over time and a JSON of the figures.
+request's uncached and cached tokens), queue wait in the router, preemptions, KV utilisation, Programs per
+Rank, and the wall time; writes a PNG of Programs per Rank over time and a JSON of the figures.
 
 Target (issue 13): one modelled hour of 16 Ranks × 2,000 agents in under 60 s of wall time per arm.
 
@@ -81,8 +81,14 @@ class Sampler:
             sim.clock.at(sim.clock.now + SAMPLE_SECONDS, self._sample)
 
 
-def pct(values: list[float], p: float) -> float | None:
-    return float(np.percentile(values, p)) if values else None
+def dist(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None}
+    return {
+        "mean": statistics.fmean(values),
+        "p50": float(np.median(values)),
+        "p90": float(np.percentile(values, 90)),
+    }
 
 
 def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: float) -> dict[str, Any]:
@@ -106,13 +112,12 @@ def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: f
         "requests_completed": len(ok),
         "errors": sum(f.status == "error" for f in facts),
         "sessions_completed": len(jct),
-        "request_seconds": {"mean": statistics.fmean(e2e) if e2e else None, "p50": pct(e2e, 50),
-                            "p90": pct(e2e, 90)},
-        "jct_seconds": {"mean": statistics.fmean(jct) if jct else None, "p50": pct(jct, 50), "p90": pct(jct, 90)},
+        "request_seconds": dist(e2e),
+        "jct_seconds": dist(jct),
         "token_hit": cached / prompt if prompt else None,
         "prefill_gpu_seconds_spent": spent,
         "prefill_gpu_seconds_saved": saved,
-        "queue_wait_seconds": {"mean": statistics.fmean(wait) if wait else None, "p90": pct(wait, 90)},
+        "queue_wait_seconds": dist(wait),
         "preemptions": sum(r.core.stats.num_preemptions for r in sim.ranks),
         "kv_utilisation_mean": statistics.fmean(kv) if kv else None,
         "programs_per_rank": {"mean": statistics.fmean(programs) if programs else None,
