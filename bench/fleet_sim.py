@@ -23,6 +23,7 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,12 @@ ARM_NAMES = ("native", "program", "capacity", "oracle")
 SAMPLE_SECONDS = 10.0
 
 
-def build_trace(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec) -> Trace:
+def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Trace:
+    """``agents`` × (1 + ``reserve``) agentic sessions; contexts capped at 80% of a Rank's KV (compaction)."""
     cap = min(AgenticWorkload().max_context_tokens, int(0.8 * fleet.capacity_tokens))
-    tasks = int(args.agents * (1 + args.reserve))
+    tasks = int(agents * (1 + reserve))
     return generate_agentic(
-        AgenticWorkload(tasks=tasks, seed=args.seed, block_size=args.block_size, max_context_tokens=cap)
+        AgenticWorkload(tasks=tasks, seed=seed, block_size=fleet.block_size, max_context_tokens=cap)
     )
 
 
@@ -95,8 +97,8 @@ def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: f
     facts = sim.facts
     ok = [f for f in facts if f.ok and f.prompt_tokens is not None]
     prefill = profile.prefill_cost_model.prefill_seconds
-    spent = sum(prefill(f.prompt_tokens - (f.cached_tokens or 0)) for f in ok)  # type: ignore[operator]
-    saved = sum(prefill(f.prompt_tokens) for f in ok) - spent  # type: ignore[arg-type]
+    spent = sum(prefill((f.prompt_tokens or 0) - (f.cached_tokens or 0)) for f in ok)
+    saved = sum(prefill(f.prompt_tokens or 0) for f in ok) - spent
     prompt = sum(f.prompt_tokens or 0 for f in ok)
     cached = sum(f.cached_tokens or 0 for f in ok)
     e2e = [f.finished_at - f.started_at for f in ok]
@@ -132,7 +134,7 @@ def fmt(v: Any, digits: int = 3) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = [
+    cols: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("arm", lambda r: r["arm"]),
         ("req done", lambda r: r["requests_completed"]),
         ("sess done", lambda r: r["sessions_completed"]),
@@ -187,6 +189,10 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--arms", default="native", help=f"comma-separated from {', '.join(ARM_NAMES)}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--agents-per-rank", default=None, help="a load sweep, e.g. 2,4,8 (instead of --agents; with --seeds)"
+    )
+    ap.add_argument("--seeds", default="0,1", help="the sweep's seeds")
     ap.add_argument("--out", type=Path, default=None, help="folder for figures.json and programs.png")
     args = ap.parse_args()
 
@@ -200,31 +206,95 @@ def main() -> None:
         prefill_cost_model=profile.prefill_cost_model,
         decode_throughput_model=profile.decode_throughput_model,
     )
-    started = time.perf_counter()
-    trace = build_trace(args, profile, fleet)
-    print(
-        f"trace: {len(trace.tasks)} sessions, {trace.num_requests} requests, generated in "
-        f"{time.perf_counter() - started:.1f} s; fleet: {fleet.ranks} Ranks × {fleet.capacity_tokens:,} KV "
-        f"tokens ({profile.name}, blocks of {fleet.block_size}); {args.agents} agents; {args.hours:g} h"
-    )
-    until = args.hours * 3600.0
-    rows: list[dict[str, Any]] = []
-    samplers: dict[str, Sampler] = {}
-    for arm in build_arms([a.strip() for a in args.arms.split(",") if a.strip()], profile, fleet):
-        started = time.perf_counter()
-        sim = Simulation(trace, fleet, arm, max_concurrent_tasks=args.agents, until=until)
-        sampler = Sampler(sim, until)
-        sim.run()
-        wall = time.perf_counter() - started
-        rows.append(summarize(sim, sampler, profile, wall))
-        samplers[arm.name] = sampler
-        print(f"  {arm.name}: {until:,.0f} modelled s in {wall:.1f} wall s ({sim.clock.events_run:,} events)")
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.agents_per_rank:
+        sweep(args, profile, fleet, names)
+        return
+    rows, samplers = run_point(args, profile, fleet, names, args.agents, args.seed)
     print_table(rows)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "figures.json").write_text(json.dumps(rows, indent=2) + "\n")
         plot(samplers, args.out / "programs.png")
         print(f"figures: {args.out / 'figures.json'}, {args.out / 'programs.png'}")
+
+
+def run_point(
+    args: argparse.Namespace,
+    profile: EngineProfile,
+    fleet: FleetSpec,
+    names: list[str],
+    agents: int,
+    seed: int,
+) -> tuple[list[dict[str, Any]], dict[str, Sampler]]:
+    """Every arm on one trace of ``agents`` concurrent sessions."""
+    started = time.perf_counter()
+    trace = build_trace(agents, seed, args.reserve, fleet)
+    print(
+        f"trace: {len(trace.tasks)} sessions, {trace.num_requests} requests, generated in "
+        f"{time.perf_counter() - started:.1f} s; fleet: {fleet.ranks} Ranks × {fleet.capacity_tokens:,} KV "
+        f"tokens ({profile.name}, blocks of {fleet.block_size}); {agents} agents; {args.hours:g} h; "
+        f"seed {seed}",
+        flush=True,
+    )
+    until = args.hours * 3600.0
+    rows: list[dict[str, Any]] = []
+    samplers: dict[str, Sampler] = {}
+    for arm in build_arms(names, profile, fleet):
+        started, cpu = time.perf_counter(), time.process_time()
+        sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
+        sampler = Sampler(sim, until)
+        sim.run()
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        row = summarize(sim, sampler, profile, wall)
+        row["cpu_seconds"] = cpu
+        rows.append(row)
+        samplers[arm.name] = sampler
+        print(
+            f"  {arm.name}: {until:,.0f} modelled s in {wall:.1f} wall s, {cpu:.1f} CPU s "
+            f"({sim.clock.events_run:,} events)",
+            flush=True,
+        )
+    return rows, samplers
+
+
+def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, names: list[str]) -> None:
+    """Offered load (agents per Rank) × seeds: per load and arm, the seeds' mean of each figure."""
+    table: list[dict[str, Any]] = []
+    for load in (float(x) for x in args.agents_per_rank.split(",")):
+        per_arm: dict[str, list[dict[str, Any]]] = {}
+        for seed in (int(x) for x in args.seeds.split(",")):
+            rows, _ = run_point(args, profile, fleet, names, round(load * fleet.ranks), seed)
+            for row in rows:
+                per_arm.setdefault(row["arm"], []).append(row)
+        native = per_arm.get("native")
+        for arm, rows in per_arm.items():
+            latency = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in rows)
+            base = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in native) if native else None
+            jcts = [r["jct_seconds"]["mean"] for r in rows if r["jct_seconds"]["mean"] is not None]
+            table.append({
+                "profile": profile.name, "agents_per_rank": load, "arm": arm, "seeds": len(rows),
+                "token_hit": statistics.fmean(r["token_hit"] or 0.0 for r in rows),
+                "request_seconds_mean": latency, "x_native": latency / base if base else None,
+                "requests_completed": statistics.fmean(r["requests_completed"] for r in rows),
+                "session_jct_mean": statistics.fmean(jcts) if jcts else None,
+                "prefill_gpu_seconds_saved": statistics.fmean(r["prefill_gpu_seconds_saved"] for r in rows),
+                "preemptions": statistics.fmean(r["preemptions"] for r in rows),
+                "queue_wait_mean": statistics.fmean(r["queue_wait_seconds"]["mean"] or 0.0 for r in rows),
+            })  # fmt: skip
+        print_sweep(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sweep.json").write_text(json.dumps(table, indent=2) + "\n")
+
+
+def print_sweep(table: list[dict[str, Any]]) -> None:
+    keys = ["profile", "agents_per_rank", "arm", "token_hit", "request_seconds_mean", "x_native",
+            "requests_completed", "session_jct_mean", "prefill_gpu_seconds_saved", "preemptions",
+            "queue_wait_mean"]  # fmt: skip
+    print("| " + " | ".join(keys) + " |")
+    for row in table:
+        print("| " + " | ".join(fmt(row[k]) for k in keys) + " |", flush=True)
 
 
 if __name__ == "__main__":
