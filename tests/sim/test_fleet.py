@@ -44,11 +44,12 @@ def outcome(result: ArmResult) -> list[tuple[object, ...]]:
     )
 
 
-@pytest.mark.parametrize("arm", ["native", "capacity"])
-def test_plain_runs_change_nothing(arm: str) -> None:
-    trace = generate_agentic(SMALL)
-    fast = simulate(trace, FLEET, arm)
-    slow = simulate(trace, replace(FLEET, plain_runs=False), arm)
+@pytest.mark.parametrize(("arm", "block_size"), [("native", 256), ("capacity", 256), ("native", 64)])
+def test_plain_runs_change_nothing(arm: str, block_size: int) -> None:
+    trace = generate_agentic(replace(SMALL, block_size=block_size))
+    fleet = replace(FLEET, block_size=block_size, num_blocks=FLEET.capacity_tokens // block_size)
+    fast = simulate(trace, fleet, arm)
+    slow = simulate(trace, replace(fleet, plain_runs=False), arm)
     assert outcome(fast) == outcome(slow)
     assert len(fast.facts) > 50
     for key in ("token_cache_hit", "preemptions"):

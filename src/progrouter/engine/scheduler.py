@@ -120,16 +120,17 @@ class EngineScheduler:
             budget -= n
 
     def plain_run(self, now: float, eos_probability: float) -> tuple[int, int]:
-        """``(k, chunk)``: the next k schedules from ``now`` on change nothing but counts and the last running
-        request's prefill, which computes ``chunk`` tokens in each (0: every request decodes).
+        """``(k, chunk)``: the next k schedules from ``now`` on only decode and prefill, with no admission,
+        preemption, first token or finish; the last running request prefills ``chunk`` tokens in each (0:
+        every request decodes).
 
         True of k steps when every running request but the last decodes one token; the last decodes too or
         prefills with the rest of the token budget without finishing its prompt; every request is a
-        block-mode prompt whose output nobody reads, with no EOS roll; no decoding request needs a new
-        block, fills one or finishes; the prefill's new blocks are free now (nobody is preempted); and no
-        waiting request can be admitted (the prefill takes the whole budget, none waits, the batch is full,
-        or the head failed admission and nothing it needs can change: without a prefill no block is freed,
-        taken or cached). ``(0, 0)`` when the next step is not such a step.
+        block-mode prompt whose output nobody reads, with no EOS roll; no decoding request finishes; every
+        block the k steps take is free now (nobody is preempted); and no waiting request can be admitted:
+        the prefill takes the whole budget, none waits, the batch is full, or the head failed admission and
+        cannot succeed now (fewer blocks free, and the blocks cached meanwhile are other requests' outputs).
+        ``(0, 0)`` when the next step is not such a step.
         """
         running = self.running
         if not running:
@@ -140,15 +141,8 @@ class EngineScheduler:
         chunk = budget - (len(running) - 1) if left > 1 else 0
         if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
             return 0, 0
-        kv = self.kv
-        bs = kv.block_size
-        steps = 1 << 30
-        if chunk:
-            steps = (left - 1) // chunk  # steps that leave at least one prompt token: none samples
-            computed = last.num_computed_tokens
-            free = kv.pool.num_free_blocks + kv.num_blocks_of(last)
-            steps = min(steps, (free * bs - computed) // chunk)  # every chunk's blocks are free now
-        elif self.waiting and len(running) < self.max_num_seqs:
+        steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
+        if not chunk and self.waiting and len(running) < self.max_num_seqs:
             head = self.waiting[0]
             if head.arrival_time > now or not self._still_blocked(head, budget - len(running)):
                 return 0, 0
@@ -157,30 +151,63 @@ class EngineScheduler:
             if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
                 return 0, 0
         for r in decoders:
-            c = r.num_computed_tokens
-            if r.num_tokens - c != 1:
+            if r.num_tokens - r.num_computed_tokens != 1:
                 return 0, 0
-            # Step i computes position c + i: stop before the one that fills a block or needs a new one.
-            room = min((c // bs + 1) * bs - c - 1, kv.num_blocks_of(r) * bs - c)
-            steps = min(steps, room, r.params.max_tokens - r.num_output_tokens - 1)
+            steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
         if steps <= 0:
             return 0, 0
-        return steps, chunk
+        free = self.kv.pool.num_free_blocks
+        if self._new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
+            lo, hi = 0, steps
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self._new_blocks(mid, chunk) <= free else (lo, mid - 1)
+            steps = lo
+        return (steps, chunk) if steps > 0 else (0, 0)
+
+    def _new_blocks(self, steps: int, chunk: int) -> int:
+        """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
+        kv = self.kv
+        bs = kv.block_size
+        running = self.running
+        total = 0
+        for i, r in enumerate(running):
+            tokens = chunk if chunk and i == len(running) - 1 else 1
+            total += max(0, -(-(r.num_computed_tokens + steps * tokens) // bs) - kv.num_blocks_of(r))
+        return total
 
     def advance_plain(self, steps: int, chunk: int) -> None:
-        """Apply ``steps`` schedules ``plain_run`` allowed: the decoders' tokens at once, the prefill's chunks
-        one by one (their blocks are taken and cached in step order, as stepping would)."""
+        """Apply ``steps`` schedules ``plain_run`` allowed, with every block taken and cached in the order
+        stepping would: step by step, running order. A decoder only reaches the KV manager at the steps that
+        start a block (a new block) or fill one (it gets cached); in between it just counts."""
+        kv = self.kv
+        bs = kv.block_size
         running = self.running
         decoders = running[:-1] if chunk else running
-        for r in decoders:
-            r.num_computed_tokens += steps
-            r.skip_output_tokens(steps)
+        events: list[tuple[int, int]] = []  # (step, running index)
+        for index, r in enumerate(decoders):
+            c = r.num_computed_tokens
+            for first in ((-c) % bs, (bs - 1 - c) % bs):  # position c + i starts a block / fills one
+                events.extend((i, index) for i in range(first, steps, bs))
         if chunk:
-            last = running[-1]
-            for _ in range(steps):
-                if not self.kv.allocate_slots(last, chunk):
-                    raise AssertionError("a planned prefill chunk found no free blocks")
-                last.num_computed_tokens += chunk
+            events.extend((i, len(running) - 1) for i in range(steps))
+        events.sort()
+        start = [r.num_computed_tokens for r in running]
+        for i, index in events:
+            r = running[index]
+            n = chunk if chunk and index == len(running) - 1 else 1
+            at = start[index] + i * n
+            if n == 1:
+                r.skip_output_tokens(at - r.num_computed_tokens)
+            r.num_computed_tokens = at
+            if not kv.allocate_slots(r, n):
+                raise AssertionError("a planned step found no free blocks")
+        for index, r in enumerate(running):
+            n = chunk if chunk and index == len(running) - 1 else 1
+            end = start[index] + steps * n
+            if n == 1:
+                r.skip_output_tokens(end - r.num_computed_tokens)
+            r.num_computed_tokens = end
 
     def _still_blocked(self, request: Request, budget: int) -> bool:
         """True when the head that failed last time must fail again, so its cache lookup can be skipped.
