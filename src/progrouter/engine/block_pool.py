@@ -81,6 +81,16 @@ class BlockPool:
         """Block ids in eviction order (for tests and diagnostics)."""
         return [*range(self._fresh, self.num_blocks), *self._free]
 
+    def free_before(self, keep: set[int], upto: int) -> int:
+        """How many blocks the free queue hands out (up to ``upto``) before one whose id is in ``keep``."""
+        n = min(upto, self.num_blocks - self._fresh)  # never-used blocks hold nothing anyone keeps
+        if n < upto:
+            for block_id in self._free:
+                if block_id in keep or n >= upto:
+                    break
+                n += 1
+        return n
+
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
         if n > self.num_free_blocks:

@@ -128,8 +128,9 @@ class EngineScheduler:
         prefills with the rest of the token budget without finishing its prompt; every request is a
         block-mode prompt whose output nobody reads, with no EOS roll; no decoding request finishes; every
         block the k steps take is free now (nobody is preempted); and no waiting request can be admitted:
-        the prefill takes the whole budget, none waits, the batch is full, or the head failed admission and
-        cannot succeed now (fewer blocks free, and the blocks cached meanwhile are other requests' outputs).
+        the prefill takes the whole budget, none waits, the batch is full, or the head's admission fails
+        now and keeps failing (fewer blocks free, none of the blocks it would reuse evicted, and the blocks
+        cached meanwhile are other requests' outputs).
         ``(0, 0)`` when the next step is not such a step.
         """
         running = self.running
@@ -142,10 +143,12 @@ class EngineScheduler:
         if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
             return 0, 0
         steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
+        free = self.kv.pool.num_free_blocks
         if not chunk and self.waiting and len(running) < self.max_num_seqs:
-            head = self.waiting[0]
-            if head.arrival_time > now or not self._still_blocked(head, budget - len(running)):
+            keep = self._blocked_head(now, budget - len(running))
+            if keep is None:
                 return 0, 0
+            free = self.kv.pool.free_before(keep, free)  # the run must not evict what the head would reuse
         decoders = running[:-1] if chunk else running
         for r in running:
             if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
@@ -156,7 +159,6 @@ class EngineScheduler:
             steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
         if steps <= 0:
             return 0, 0
-        free = self.kv.pool.num_free_blocks
         if self._new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
             lo, hi = 0, steps
             while lo < hi:
@@ -164,6 +166,20 @@ class EngineScheduler:
                 lo, hi = (mid, hi) if self._new_blocks(mid, chunk) <= free else (lo, mid - 1)
             steps = lo
         return (steps, chunk) if steps > 0 else (0, 0)
+
+    def _blocked_head(self, now: float, budget: int) -> set[int] | None:
+        """The ids of the cached blocks the waiting head would reuse, if its admission fails now (as
+        ``_admit`` would find); None if it could be admitted or has not arrived. With those blocks left in
+        place, fewer free blocks and other requests' outputs cached, it keeps failing."""
+        head = self.waiting[0]
+        if head.arrival_time > now:
+            return None
+        kv = self.kv
+        hits, num_hit_tokens = kv.get_computed_blocks(head)
+        n = min(head.num_tokens - num_hit_tokens, budget)
+        if kv.blocks_needed(head, n, hits) is not None:
+            return None
+        return {b.block_id for b in hits}
 
     def _new_blocks(self, steps: int, chunk: int) -> int:
         """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
