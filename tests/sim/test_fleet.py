@@ -9,6 +9,7 @@ import pytest
 
 from progrouter.engine import EngineConfig, EngineCore, PromptBlocks, SamplingParams
 from progrouter.engine.profiles import load_profile
+from progrouter.engine.request import chain_hashes
 from progrouter.sim.arms import standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
 from progrouter.sim.simulation import ArmResult, Simulation
@@ -92,8 +93,10 @@ def test_block_keys_hit_the_cache_where_tokens_do() -> None:
                 tokens = builder.token_ids(task.task_id, rid, request).tolist()
                 keys = builder.block_keys(task.task_id, rid, request, 128)
                 assert keys is not None
+                hashes = builder.block_hashes(program.program_id, task.task_id, rid, request, 128)
+                assert hashes == chain_hashes(keys)  # the incremental chain is the whole chain
                 by_tokens.add_request(rid, tokens, params, now)
-                by_keys.add_request(rid, PromptBlocks(request.input_tokens, keys), params, now)
+                by_keys.add_request(rid, PromptBlocks(request.input_tokens, hashes), params, now)
                 cached = []
                 for core in (by_tokens, by_keys):
                     while core.has_work():

@@ -109,9 +109,12 @@ class EngineCore:
         num_prompt = prompt.num_tokens if isinstance(prompt, PromptBlocks) else len(prompt)
         if num_prompt < 1:
             raise RequestRejected("The decoder prompt cannot be empty")
-        if isinstance(prompt, PromptBlocks) and len(prompt.block_keys) != num_prompt // cfg.block_size:
+        if isinstance(prompt, PromptBlocks) and (
+            len(prompt.block_hashes) != num_prompt // cfg.block_size or cache_salt is not None
+        ):
             raise RequestRejected(
-                f"{len(prompt.block_keys)} block keys for {num_prompt} tokens in blocks of {cfg.block_size}"
+                f"{len(prompt.block_hashes)} block hashes for {num_prompt} tokens in blocks of "
+                f"{cfg.block_size} (and no cache salt)"
             )
         if num_prompt + params.max_tokens > cfg.max_model_len:
             raise RequestRejected(

@@ -4,18 +4,19 @@ Block hashes are chained (a block's hash covers its parent's hash and its own to
 automatic prefix caching keys full blocks, so two requests share a cached block only if they share the whole
 prefix up to and including it.
 
-A prompt is either token ids or ``PromptBlocks``: its length and one key per full block standing for that
-block's tokens (equal keys, equal tokens), for a simulator that knows the prefix structure and would only
-spend time drawing tokens and hashing them. Such a request keeps no token ids at all: its tokens are counted,
-its output blocks get request-unique keys (an output never matches another request's, as sampled tokens
-would not), and the cache behaves as it would for the tokens the keys stand for.
+A prompt is either token ids or ``PromptBlocks``: its length and the chained hashes of its full blocks made
+by ``chain_hashes`` from one key per block standing for that block's tokens (equal keys, equal tokens), for a
+simulator that knows the prefix structure and would only spend time drawing tokens and hashing them. Such a
+request keeps no token ids at all: its tokens are counted, its output blocks get request-unique keys (an
+output never matches another request's, as sampled tokens would not), and the cache behaves as it would for
+the tokens the keys stand for.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -50,10 +51,20 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
-    """``num_tokens`` tokens given by the keys of their full blocks (``num_tokens // block_size`` keys)."""
+    """``num_tokens`` tokens given by the chained hashes of their full blocks (``num_tokens // block_size``
+    of them, as ``chain_hashes`` makes them from the blocks' keys; no cache salt)."""
 
     num_tokens: int
-    block_keys: Sequence[Hashable]
+    block_hashes: Sequence[int]
+
+
+def chain_hashes(keys: Iterable[Hashable], parent: int = 0) -> list[int]:
+    """Block hashes chained from ``parent`` (0: the unsalted root): each covers its parent and its key."""
+    out = []
+    for key in keys:
+        parent = hash((parent, key))
+        out.append(parent)
+    return out
 
 
 def root_block_hash(cache_salt: str | None) -> int:
@@ -125,9 +136,7 @@ class Request:
             self.num_prompt_tokens = prompt.num_tokens
             self.output_token_ids: list[int] | None = None
             self._open: list[int] | None = None  # block mode: no tokens kept
-            for key in prompt.block_keys:
-                parent = hash((parent, key))
-                hashes.append(parent)
+            hashes.extend(prompt.block_hashes)
         else:
             tokens = list(prompt)
             self.num_prompt_tokens = len(tokens)

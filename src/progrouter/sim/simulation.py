@@ -168,9 +168,10 @@ class Simulation:
         """The prompt as block keys when the Rank's blocks are whole trace blocks (no tokens drawn or
         hashed: the same cache behaviour for a fraction of the time), else as token ids."""
         task_id, trace_request = request.task.task_id, request.request
-        keys = self.prompts.block_keys(task_id, request.request_id, trace_request, block_size)
-        if keys is not None:
-            return PromptBlocks(trace_request.input_tokens, keys)
+        program_id = request.program.program_id
+        hashes = self.prompts.block_hashes(program_id, task_id, request.request_id, trace_request, block_size)
+        if hashes is not None:
+            return PromptBlocks(trace_request.input_tokens, hashes)
         tokens: list[int] = self.prompts.token_ids(task_id, request.request_id, trace_request).tolist()
         return tokens
 
