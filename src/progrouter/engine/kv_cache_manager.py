@@ -45,10 +45,13 @@ class KVCacheManager:
         unreferenced cached block. Blocks that become full are registered in the prefix cache right away,
         so a request scheduled later in the same step can already hit them (vLLM does the same).
         """
+        bs = self.block_size
+        c = request.num_computed_tokens
+        if num_new_tokens == 1 and new_computed_blocks is None and c % bs and (c + 1) % bs:
+            return True  # a token inside a block it holds that does not fill it: nothing changes
         num_new_blocks = self.blocks_needed(request, num_new_tokens, new_computed_blocks)
         if num_new_blocks is None:
             return False
-        bs = self.block_size
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
         hits = new_computed_blocks or []
