@@ -189,6 +189,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--arms", default="native", help=f"comma-separated from {', '.join(ARM_NAMES)}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-plain-runs", action="store_true", help="step one by one (same results, slower)")
     ap.add_argument(
         "--agents-per-rank", default=None, help="a load sweep, e.g. 2,4,8 (instead of --agents; with --seeds)"
     )
@@ -205,6 +206,7 @@ def main() -> None:
         max_num_batched_tokens=8192,
         prefill_cost_model=profile.prefill_cost_model,
         decode_throughput_model=profile.decode_throughput_model,
+        plain_runs=not args.no_plain_runs,
     )
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.agents_per_rank:
