@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from progrouter.workload.generators import BlockIds
 from progrouter.workload.trace import AgentRole, Trace, TraceProgram, TraceRequest, TraceTask, program_id
 
-PRIVATE_BASE = 1 << 30
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 
 #: Think/tool gap quantiles (probability, seconds) of the measured sessions; log-linear in between.
@@ -91,7 +91,7 @@ def sample_gap(rng: np.random.Generator) -> float:
 class _Context:
     """One Program's growing context: token count and the ids of its full blocks."""
 
-    def __init__(self, w: AgenticWorkload, ids: _Ids, system_blocks: list[int], tokens: int) -> None:
+    def __init__(self, w: AgenticWorkload, ids: BlockIds, system_blocks: list[int], tokens: int) -> None:
         self._w = w
         self._ids = ids
         self._system = system_blocks
@@ -123,16 +123,6 @@ class _Context:
         return TraceRequest(self.tokens, tuple(self.blocks), output, gap)
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self._next = PRIVATE_BASE
-
-    def take(self, n: int) -> range:
-        ids = range(self._next, self._next + n)
-        self._next += n
-        return ids
-
-
 def generate_agentic(w: AgenticWorkload) -> Trace:
     if w.max_context_tokens <= w.system_prompt_tokens + 2 * w.block_size:
         raise ValueError(f"max_context_tokens ({w.max_context_tokens}) must exceed the system prompt")
@@ -148,7 +138,7 @@ def generate_agentic(w: AgenticWorkload) -> Trace:
 def _program(
     w: AgenticWorkload,
     rng: np.random.Generator,
-    ids: _Ids,
+    ids: BlockIds,
     system: list[int],
     start: int,
     turns: int,
@@ -167,7 +157,7 @@ def _program(
 def _session(
     w: AgenticWorkload, rng: np.random.Generator, task_id: str, system: list[int]
 ) -> tuple[TraceProgram, ...]:
-    ids = _Ids()
+    ids = BlockIds()
     sys_tokens = len(system) * w.block_size
     turns = round(w.turns.sample(rng, hi=w.turns_max))
     start = sys_tokens + round(w.start_tokens.sample(rng))
