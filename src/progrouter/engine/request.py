@@ -89,7 +89,6 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_tokens",
-        "output_token_ids",
         "params",
         "prefill_base",
         "prefill_end",
@@ -134,17 +133,14 @@ class Request:
         hashes = self.block_hashes
         if isinstance(prompt, PromptBlocks):
             self.num_prompt_tokens = prompt.num_tokens
-            self.output_token_ids: list[int] | None = None
             self._open: list[int] | None = None  # block mode: no tokens kept
             hashes.extend(prompt.block_hashes)
         else:
             tokens = list(prompt)
             self.num_prompt_tokens = len(tokens)
-            self.output_token_ids = []
             full = len(tokens) - len(tokens) % block_size
-            for start in range(0, full, block_size):
-                parent = hash((parent, tuple(tokens[start : start + block_size])))
-                hashes.append(parent)
+            blocks = (tuple(tokens[start : start + block_size]) for start in range(0, full, block_size))
+            hashes.extend(chain_hashes(blocks, parent))
             self._open = tokens[full:]  # the tokens of the block being filled
         self.num_tokens = self.num_prompt_tokens
 
@@ -165,8 +161,6 @@ class Request:
             if self.num_tokens % self.block_size == 0:
                 self._close_block((self.request_id, self.num_tokens))
             return token
-        assert self.output_token_ids is not None
-        self.output_token_ids.append(token)
         opened.append(token)
         if len(opened) == self.block_size:
             self._close_block(tuple(opened))
@@ -185,7 +179,7 @@ class Request:
 
     def _close_block(self, key: Hashable) -> None:
         hashes = self.block_hashes
-        hashes.append(hash((hashes[-1] if hashes else self.root_hash, key)))
+        hashes.extend(chain_hashes((key,), hashes[-1] if hashes else self.root_hash))
 
     @property
     def tokens_kept(self) -> bool:
