@@ -20,7 +20,9 @@ ALLOWED = {
     "program": {"config", "routing"},
     "engine": {"config"},
     "observe": {"config", "routing", "program"},
-    "workload": {"config"},  # talks HTTP; knows no router internals
+    # talks HTTP and knows no router internals; from the engine it takes data (profiles, which bench hands
+    # to the emulators it launches) and the block-hash chain its prompts are keyed by
+    "workload": {"config", "engine"},
     "sim": {"config", "routing", "program", "engine", "workload"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from progrouter.cli import main
+from progrouter.engine.profiles import load_profile
 from progrouter.workload import trace as trace_mod
 
 from .workloads import small_trace
@@ -103,3 +104,40 @@ def test_max_concurrent_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main([*argv, "--max-concurrent-tasks", "0", "--out", str(tmp_path / "bad")])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_agentic_workload_on_an_engine_profile(tmp_path: Path) -> None:
+    """`--generate agentic --engine-profile h200-qwen-32b`: the Ranks get the profile's KV (291,251 tokens in
+    blocks of 256) and the Program arm the profile's cost models, under what --program-config sets itself."""
+    out = tmp_path / "r"
+    code = main(
+        [
+            "simulate", "--generate", "agentic", "--tasks", "3", "--seed", "2", "--block-size", "256",
+            "--max-context-tokens", "60000", "--engine-profile", "h200-qwen-32b", "--ranks", "2",
+            "--arms", "native,program",
+            "--program-config", '{"decode_throughput_model": {"fixed_step_seconds": 0.5}}',
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = orjson.loads((out / "report.json").read_bytes())
+    profile = load_profile("h200-qwen-32b")
+    assert report["fleet"]["num_blocks_per_rank"] == profile.kv_tokens_per_rank // 256
+    config = report["program_config"]
+    assert config["prefill_cost_model"] == profile.prefill_cost_model.model_dump(mode="json")
+    assert config["decode_throughput_model"]["fixed_step_seconds"] == 0.5  # the experiment's own wins
+    decode = profile.decode_throughput_model
+    assert (
+        config["decode_throughput_model"]["context_step_seconds_per_token"]
+        == decode.context_step_seconds_per_token
+    )
+    facts = [orjson.loads(line) for line in (out / "native" / "facts.jsonl").read_bytes().splitlines()]
+    assert facts and all(f["status"] == "ok" for f in facts)
+    assert max(f["input_tokens"] for f in facts) <= 60000
+
+
+def test_an_unknown_profile_is_refused(tmp_path: Path) -> None:
+    code = main(["simulate", "--generate", "agentic", "--tasks", "1", "--engine-profile", "tpu-9",
+                 "--out", str(tmp_path / "r")])  # fmt: skip
+    assert code == 2
+    assert not (tmp_path / "r").exists()

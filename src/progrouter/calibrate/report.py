@@ -17,21 +17,12 @@ from progrouter import __version__
 from progrouter.calibrate.fit import FitResult, fit_decode, fit_prefill
 from progrouter.calibrate.measure import Measurement
 from progrouter.config import ConfigError, ProgramSchedulingConfig, parse_config
+from progrouter.engine.profiles import CALIBRATION_KEYS
 
 FORMAT = "progrouter-calibration/1"
 
-# AgentInfer calibration.json key -> (router group, router field), as the spec's table lists them.
-KEY_MAP: dict[str, tuple[str, str]] = {
-    "ttl_prefill_model_intercept_seconds": ("prefill_cost_model", "intercept_seconds"),
-    "ttl_prefill_model_linear_seconds_per_1k_tokens": ("prefill_cost_model", "linear_seconds_per_1k_tokens"),
-    "ttl_prefill_model_quadratic_seconds_per_1k_tokens_squared": (
-        "prefill_cost_model",
-        "quadratic_seconds_per_1k_tokens_squared",
-    ),
-    "decode_step_fixed_seconds": ("decode_throughput_model", "fixed_step_seconds"),
-    "decode_step_seconds_per_request": ("decode_throughput_model", "batch_step_seconds_per_request"),
-    "decode_step_seconds_per_context_token": ("decode_throughput_model", "context_step_seconds_per_token"),
-}
+# AgentInfer calibration.json key -> (router group, router field): one table, kept with the engine profiles.
+KEY_MAP = CALIBRATION_KEYS
 ALPHA_NOTE = (
     "prefill_cost_model.decode_throughput_alpha is not measured by calibrate: it is the share of decode "
     "throughput kept while a prefill is mixed into the batch, and stays configured separately "

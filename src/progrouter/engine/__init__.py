@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.core import EngineCore, RequestOutput, RequestRejected, StepResult
-from progrouter.engine.request import FinishReason, SamplingParams
+from progrouter.engine.request import FinishReason, PromptBlocks, SamplingParams
 
 if TYPE_CHECKING:
     from progrouter.engine.server import EngineServer, RunningEngine, start_engine
@@ -20,6 +20,7 @@ __all__ = [
     "EngineCore",
     "EngineServer",
     "FinishReason",
+    "PromptBlocks",
     "RequestOutput",
     "RequestRejected",
     "RunningEngine",

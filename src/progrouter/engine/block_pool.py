@@ -30,20 +30,36 @@ class KVCacheBlock:
 
 
 class BlockPool:
-    """``num_blocks`` blocks; free ones in an O(1) LRU queue, cached ones in a hash map."""
+    """``num_blocks`` blocks; free ones in an O(1) LRU queue, cached ones in a hash map.
+
+    The free queue starts as every block in id order. Blocks nobody has taken yet are that queue's head and
+    exist only as a count (``_fresh``, the next never-used id) until they are taken: a fleet-size Rank of
+    millions of tokens costs nothing until it fills, and the eviction order is the same.
+    """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        # Insertion order is eviction order: popitem(last=False) takes the least recently freed block.
-        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._blocks: list[KVCacheBlock] = []  # blocks created so far, by id
+        self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
+        # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
+        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._cached: dict[int, KVCacheBlock] = {}
         self.num_evictions = 0
 
     @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block by id (creates the never-used ones; for tests and diagnostics)."""
+        self._create(self.num_blocks)
+        return self._blocks
+
+    def _create(self, upto: int) -> None:
+        blocks = self._blocks
+        blocks.extend(KVCacheBlock(i) for i in range(len(blocks), upto))
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks with no user, including those that still hold a reusable cached prefix."""
-        return len(self._free)
+        return self.num_blocks - self._fresh + len(self._free)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -51,7 +67,7 @@ class BlockPool:
 
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``: the fraction of blocks some request holds (cached-free is free)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     @property
     def cached_map(self) -> Mapping[int, KVCacheBlock]:
@@ -63,13 +79,32 @@ class BlockPool:
 
     def free_queue_ids(self) -> list[int]:
         """Block ids in eviction order (for tests and diagnostics)."""
-        return list(self._free)
+        return [*range(self._fresh, self.num_blocks), *self._free]
+
+    def free_before(self, keep: set[int], upto: int) -> int:
+        """How many blocks the free queue hands out (up to ``upto``) before one whose id is in ``keep``."""
+        n = min(upto, self.num_blocks - self._fresh)  # never-used blocks hold nothing anyone keeps
+        if n < upto:
+            for block_id in self._free:
+                if block_id in keep or n >= upto:
+                    break
+                n += 1
+        return n
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
-        if n > len(self._free):
-            raise ValueError(f"cannot get {n} free blocks; only {len(self._free)} are free")
-        out = []
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
+        fresh = min(n, self.num_blocks - self._fresh)
+        out: list[KVCacheBlock] = []
+        if fresh:
+            start = self._fresh
+            self._fresh += fresh
+            self._create(self._fresh)
+            out = self._blocks[start : self._fresh]
+            for block in out:
+                block.ref_cnt = 1
+            n -= fresh
         popitem = self._free.popitem
         cached = self._cached
         for _ in range(n):

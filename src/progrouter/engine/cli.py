@@ -14,11 +14,14 @@ import contextlib
 import logging
 import signal
 import sys
+from typing import Any
 
 from progrouter.config import CALIBRATION_FIELDS, DecodeThroughputModel, PrefillCostModel
 from progrouter.engine.config import EngineConfig
+from progrouter.engine.profiles import BUILTIN, ProfileError, load_profile
 
 _DEFAULTS = EngineConfig()
+_COST_GROUPS = ("prefill_cost_model", "decode_throughput_model")
 
 
 def _flag(name: str) -> str:
@@ -31,8 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
     parser.add_argument("--model-name", default=d.model_name, help="the served model name")
     parser.add_argument("--data-parallel-size", type=int, default=d.data_parallel_size, help="Ranks")
-    parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per Rank")
-    parser.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    parser.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="NAME|FILE",
+        help=f"cost models and KV size: {', '.join(BUILTIN)} or a calibration.json (flags override it)",
+    )
+    parser.add_argument(
+        "--num-blocks", type=int, default=None, help=f"KV blocks per Rank (default {d.num_blocks})"
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=None, help=f"tokens per KV block (default {d.block_size})"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     parser.add_argument(
@@ -65,12 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_namespace(args: argparse.Namespace) -> EngineConfig:
     """An EngineConfig from parsed flags; flags a caller's namespace lacks keep their defaults."""
-    fields: dict[str, object] = {}
+    profile = getattr(args, "engine_profile", None)
+    fields: dict[str, Any] = (
+        load_profile(profile).engine_fields(getattr(args, "block_size", None)) if profile else {}
+    )
     for name in EngineConfig.model_fields:
         value = getattr(args, name, None)
-        if value is not None and name not in ("prefill_cost_model", "decode_throughput_model"):
+        if value is not None and name not in _COST_GROUPS:
             fields[name] = value
-    groups: dict[str, dict[str, float]] = {"prefill_cost_model": {}, "decode_throughput_model": {}}
+    groups: dict[str, dict[str, float]] = {g: dict(fields.get(g, {})) for g in _COST_GROUPS}
     for group, name in CALIBRATION_FIELDS:
         value = getattr(args, name, None)
         if value is not None:
@@ -88,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = config_from_namespace(args)
-    except ValidationError as exc:
+    except (ValidationError, ProfileError) as exc:
         print(f"progrouter engine: invalid configuration: {exc}", file=sys.stderr)
         return 2
 

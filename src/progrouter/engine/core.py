@@ -11,13 +11,14 @@ wall clock stays causal. No asyncio, no wall clock, no I/O: the server and the s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.cost import StepCostModel
 from progrouter.engine.kv_cache_manager import KVCacheManager
-from progrouter.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from progrouter.engine.request import FinishReason, PromptBlocks, Request, RequestStatus, SamplingParams
 from progrouter.engine.scheduler import EngineScheduler
 from progrouter.engine.stats import EngineStats
 
@@ -41,6 +42,20 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PlainRun:
+    """``steps`` plain steps from ``start``: ``batch`` requests decode (the first step at ``context`` tokens)
+    and, when ``chunk`` > 0, the last running request prefills ``chunk`` uncached tokens a step from
+    ``offset``."""
+
+    start: float
+    steps: int
+    batch: int
+    context: int
+    chunk: int
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +96,29 @@ class EngineCore:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt: Sequence[int] | PromptBlocks,
         params: SamplingParams,
         now: float,
         *,
         cache_salt: str | None = None,
     ) -> None:
+        """Queue a request; ``prompt`` is token ids or, from a simulator, ``PromptBlocks``."""
         cfg = self.config
         if request_id in self._requests:
             raise RequestRejected(f"request id {request_id!r} is already in the engine")
-        if not prompt_token_ids:
+        num_prompt = prompt.num_tokens if isinstance(prompt, PromptBlocks) else len(prompt)
+        if num_prompt < 1:
             raise RequestRejected("The decoder prompt cannot be empty")
-        if len(prompt_token_ids) + params.max_tokens > cfg.max_model_len:
+        if isinstance(prompt, PromptBlocks) and (
+            len(prompt.block_hashes) != num_prompt // cfg.block_size or cache_salt is not None
+        ):
             raise RequestRejected(
-                f"prompt ({len(prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds "
+                f"{len(prompt.block_hashes)} block hashes for {num_prompt} tokens in blocks of "
+                f"{cfg.block_size} (and no cache salt)"
+            )
+        if num_prompt + params.max_tokens > cfg.max_model_len:
+            raise RequestRejected(
+                f"prompt ({num_prompt}) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({cfg.max_model_len})"
             )
         if params.max_tokens < 1:
@@ -103,7 +127,7 @@ class EngineCore:
         seed = params.seed if params.seed is not None else hash((cfg.seed, self.rank, self._num_added))
         request = Request(
             request_id,
-            list(prompt_token_ids),
+            prompt,
             params,
             arrival_time=now,
             block_size=cfg.block_size,
@@ -213,6 +237,53 @@ class EngineCore:
             decode_batch_size=batch,
             num_running=len(sched.running),
         )
+
+    # ---- plain runs (the simulator's fast path) ---------------------------------------------------------
+
+    def plain_run(self, now: float) -> PlainRun | None:
+        """The plain steps from ``now`` on (see ``EngineScheduler.plain_run``), at least two, as one plan;
+        nothing changes until ``finish_plain_run``. None: step normally."""
+        now = max(now, self._free_at)
+        sched = self.scheduler
+        steps, chunk = sched.plain_run(now, self.config.eos_probability)
+        if steps < 2:
+            return None
+        running = sched.running
+        decoders = running[:-1] if chunk else running
+        context = sum(r.num_computed_tokens + 1 for r in decoders)
+        last = running[-1]
+        offset = last.num_computed_tokens - last.prefill_base
+        return PlainRun(now, steps, len(decoders), context, chunk, offset)
+
+    def plain_run_steps(self, run: PlainRun, before: float = math.inf) -> tuple[int, float]:
+        """How many of the run's steps start before ``before`` (at least the first), and when they end.
+
+        Step i decodes every decoding request at context ``context + i * batch`` and computes the prefill's
+        chunk ``[offset + i * chunk, offset + (i + 1) * chunk)``, so the times are exactly those of stepping
+        one by one (the same float sums, in the same order).
+        """
+        cost, slow = self.cost, self.slow_factor
+        end = run.start
+        steps = 0
+        while steps < run.steps and (steps == 0 or end < before):
+            prefill = 0.0
+            if run.chunk:
+                start = run.offset + steps * run.chunk
+                prefill += cost.prefill_chunk_seconds(start, start + run.chunk)
+            end += (cost.decode_seconds(run.batch, run.context + steps * run.batch) + prefill) * slow
+            steps += 1
+        return steps, end
+
+    def finish_plain_run(self, run: PlainRun, before: float = math.inf) -> float:
+        """Apply the run's steps that start before ``before``; return when the last of them ends."""
+        steps, end = self.plain_run_steps(run, before)
+        self.scheduler.advance_plain(steps, run.chunk)
+        stats = self.stats
+        stats.num_steps += steps
+        stats.busy_seconds += end - run.start
+        stats.generation_tokens += steps * run.batch
+        self._free_at = end
+        return end
 
     # ---- observation ----------------------------------------------------------------------------------
 

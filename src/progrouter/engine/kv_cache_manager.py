@@ -46,18 +46,17 @@ class KVCacheManager:
         so a request scheduled later in the same step can already hit them (vLLM does the same).
         """
         bs = self.block_size
+        c = request.num_computed_tokens
+        if num_new_tokens == 1 and new_computed_blocks is None and c % bs and (c + 1) % bs:
+            return True  # a token inside a block it holds that does not fill it: nothing changes
+        num_new_blocks = self.blocks_needed(request, num_new_tokens, new_computed_blocks)
+        if num_new_blocks is None:
+            return False
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
         hits = new_computed_blocks or []
-        num_computed = request.num_computed_tokens + len(hits) * bs
-        total = num_computed + num_new_tokens
-        have = (len(blocks) if blocks is not None else 0) + len(hits)
-        num_new_blocks = -(-total // bs) - have
+        total = request.num_computed_tokens + len(hits) * bs + num_new_tokens
         pool = self.pool
-        if num_new_blocks > 0 or hits:
-            evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
-            if num_new_blocks > pool.num_free_blocks - evictable_hits:
-                return False
         if blocks is None:
             blocks = self._req_blocks[rid] = []
             self._num_cached_blocks[rid] = 0
@@ -73,6 +72,22 @@ class KVCacheManager:
             pool.cache_full_blocks(blocks, request.block_hashes, done, num_full)
             self._num_cached_blocks[rid] = num_full
         return True
+
+    def blocks_needed(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> int | None:
+        """New blocks ``allocate_slots`` would take for these tokens, or None when the pool cannot supply
+        them (cached hits waiting in the free queue cannot also serve as new blocks)."""
+        bs = self.block_size
+        blocks = self._req_blocks.get(request.request_id)
+        hits = new_computed_blocks or []
+        total = request.num_computed_tokens + len(hits) * bs + num_new_tokens
+        num_new_blocks = -(-total // bs) - (len(blocks) if blocks is not None else 0) - len(hits)
+        if num_new_blocks > 0 or hits:
+            evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
+            if num_new_blocks > self.pool.num_free_blocks - evictable_hits:
+                return None
+        return num_new_blocks
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first, so its last blocks are evicted before its shared prefix."""

@@ -3,12 +3,20 @@
 Block hashes are chained (a block's hash covers its parent's hash and its own token ids), exactly as vLLM v1's
 automatic prefix caching keys full blocks, so two requests share a cached block only if they share the whole
 prefix up to and including it.
+
+A prompt is either token ids or ``PromptBlocks``: its length and the chained hashes of its full blocks made
+by ``chain_hashes`` from one key per block standing for that block's tokens (equal keys, equal tokens), for a
+simulator that knows the prefix structure and would only spend time drawing tokens and hashing them. Such a
+request keeps no token ids at all: its tokens are counted, its output blocks get request-unique keys (an
+output never matches another request's, as sampled tokens would not), and the cache behaves as it would for
+the tokens the keys stand for.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -41,6 +49,24 @@ class SamplingParams:
     seed: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PromptBlocks:
+    """``num_tokens`` tokens given by the chained hashes of their full blocks (``num_tokens // block_size``
+    of them, as ``chain_hashes`` makes them from the blocks' keys; no cache salt)."""
+
+    num_tokens: int
+    block_hashes: Sequence[int]
+
+
+def chain_hashes(keys: Iterable[Hashable], parent: int = 0) -> list[int]:
+    """Block hashes chained from ``parent`` (0: the unsalted root): each covers its parent and its key."""
+    out = []
+    for key in keys:
+        parent = hash((parent, key))
+        out.append(parent)
+    return out
+
+
 def root_block_hash(cache_salt: str | None) -> int:
     """The parent hash of a request's first block; a cache salt gives it a private cache namespace."""
     return 0 if cache_salt is None else zlib.crc32(cache_salt.encode()) + 1
@@ -50,8 +76,8 @@ class Request:
     """Mutable engine-side state of one request; owned by the EngineCore and its scheduler."""
 
     __slots__ = (
+        "_open",
         "_rng",
-        "all_token_ids",
         "arrival_time",
         "block_hashes",
         "block_size",
@@ -59,8 +85,10 @@ class Request:
         "first_token_time",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_tokens",
         "params",
         "prefill_base",
         "prefill_end",
@@ -74,7 +102,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Sequence[int] | PromptBlocks,
         params: SamplingParams,
         *,
         arrival_time: float,
@@ -84,8 +112,6 @@ class Request:
         cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
-        self.all_token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.arrival_time = arrival_time
         self.block_size = block_size
@@ -98,31 +124,29 @@ class Request:
         self.prefill_base = 0  # num_computed_tokens when (re)admitted: where the uncached prefill starts
         self.prefill_end = 0  # num_tokens when (re)admitted: where the prefill ends and decoding begins
         self.num_preemptions = 0
+        self.num_output_tokens = 0
         self.first_token_time: float | None = None
         self.finish_reason: FinishReason | None = None
         self._rng: random.Random | None = None
         self.block_hashes: list[int] = []
         self.root_hash = parent = root_block_hash(cache_salt)
-        tokens = self.all_token_ids
-        for start in range(0, len(tokens) - block_size + 1, block_size):
-            parent = hash((parent, tuple(tokens[start : start + block_size])))
-            self.block_hashes.append(parent)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - self.num_prompt_tokens
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[self.num_prompt_tokens :]
+        hashes = self.block_hashes
+        if isinstance(prompt, PromptBlocks):
+            self.num_prompt_tokens = prompt.num_tokens
+            self._open: list[int] | None = None  # block mode: no tokens kept
+            hashes.extend(prompt.block_hashes)
+        else:
+            tokens = list(prompt)
+            self.num_prompt_tokens = len(tokens)
+            full = len(tokens) - len(tokens) % block_size
+            blocks = (tuple(tokens[start : start + block_size]) for start in range(0, full, block_size))
+            hashes.extend(chain_hashes(blocks, parent))
+            self._open = tokens[full:]  # the tokens of the block being filled
+        self.num_tokens = self.num_prompt_tokens
 
     def append_output_token(self, eos_probability: float) -> int:
         """Sample the next token (deterministic in ``token_seed`` and position); extend the block hashes."""
-        n_out = len(self.all_token_ids) - self.num_prompt_tokens
+        n_out = self.num_output_tokens
         params = self.params
         if eos_probability > 0.0 and not params.ignore_eos and n_out >= params.min_tokens:
             if self._rng is None:
@@ -130,14 +154,37 @@ class Request:
             token = EOS_TOKEN_ID if self._rng.random() < eos_probability else self._token_at(n_out)
         else:
             token = self._token_at(n_out)
-        tokens = self.all_token_ids
-        tokens.append(token)
-        bs = self.block_size
-        if len(tokens) % bs == 0:
-            hashes = self.block_hashes
-            parent = hashes[-1] if hashes else self.root_hash
-            hashes.append(hash((parent, tuple(tokens[-bs:]))))
+        self.num_output_tokens = n_out + 1
+        self.num_tokens += 1
+        opened = self._open
+        if opened is None:
+            if self.num_tokens % self.block_size == 0:
+                self._close_block((self.request_id, self.num_tokens))
+            return token
+        opened.append(token)
+        if len(opened) == self.block_size:
+            self._close_block(tuple(opened))
+            self._open = []
         return token
+
+    def skip_output_tokens(self, n: int) -> None:
+        """Count ``n`` more output tokens without drawing them (block-mode prompts, whose tokens nobody
+        reads); full output blocks get their request-unique keys as ``append_output_token`` gives them."""
+        bs = self.block_size
+        start = self.num_tokens
+        self.num_output_tokens += n
+        self.num_tokens += n
+        for end in range(start - start % bs + bs, self.num_tokens + 1, bs):
+            self._close_block((self.request_id, end))
+
+    def _close_block(self, key: Hashable) -> None:
+        hashes = self.block_hashes
+        hashes.extend(chain_hashes((key,), hashes[-1] if hashes else self.root_hash))
+
+    @property
+    def tokens_kept(self) -> bool:
+        """False for a block-mode prompt: its tokens are counted, never drawn."""
+        return self._open is not None
 
     def _token_at(self, position: int) -> int:
         mixed = ((self.token_seed + position * 0x9E3779B1) * 0x85EBCA6B) & 0xFFFFFFFF

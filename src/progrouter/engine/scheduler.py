@@ -119,6 +119,112 @@ class EngineScheduler:
             request.num_computed_tokens = num_hit_tokens + n
             budget -= n
 
+    def plain_run(self, now: float, eos_probability: float) -> tuple[int, int]:
+        """``(k, chunk)``: the next k schedules from ``now`` on only decode and prefill, with no admission,
+        preemption, first token or finish; the last running request prefills ``chunk`` tokens in each (0:
+        every request decodes).
+
+        True of k steps when every running request but the last decodes one token; the last decodes too or
+        prefills with the rest of the token budget without finishing its prompt; every request is a
+        block-mode prompt whose output nobody reads, with no EOS roll; no decoding request finishes; every
+        block the k steps take is free now (nobody is preempted); and no waiting request can be admitted:
+        the prefill takes the whole budget, none waits, the batch is full, or the head's admission fails
+        now and keeps failing (fewer blocks free, none of the blocks it would reuse evicted, and the blocks
+        cached meanwhile are other requests' outputs).
+        ``(0, 0)`` when the next step is not such a step.
+        """
+        running = self.running
+        if not running:
+            return 0, 0
+        last = running[-1]
+        left = last.num_tokens - last.num_computed_tokens
+        budget = self.max_num_batched_tokens
+        chunk = budget - (len(running) - 1) if left > 1 else 0
+        if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
+            return 0, 0
+        steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
+        free = self.kv.pool.num_free_blocks
+        if not chunk and self.waiting and len(running) < self.max_num_seqs:
+            keep = self._blocked_head(now, budget - len(running))
+            if keep is None:
+                return 0, 0
+            free = self.kv.pool.free_before(keep, free)  # the run must not evict what the head would reuse
+        decoders = running[:-1] if chunk else running
+        for r in running:
+            if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
+                return 0, 0
+        for r in decoders:
+            if r.num_tokens - r.num_computed_tokens != 1:
+                return 0, 0
+            steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
+        if steps <= 0:
+            return 0, 0
+        if self._new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
+            lo, hi = 0, steps
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self._new_blocks(mid, chunk) <= free else (lo, mid - 1)
+            steps = lo
+        return (steps, chunk) if steps > 0 else (0, 0)
+
+    def _blocked_head(self, now: float, budget: int) -> set[int] | None:
+        """The ids of the cached blocks the waiting head would reuse, if its admission fails now (as
+        ``_admit`` would find); None if it could be admitted or has not arrived. With those blocks left in
+        place, fewer free blocks and other requests' outputs cached, it keeps failing."""
+        head = self.waiting[0]
+        if head.arrival_time > now:
+            return None
+        kv = self.kv
+        hits, num_hit_tokens = kv.get_computed_blocks(head)
+        n = min(head.num_tokens - num_hit_tokens, budget)
+        if kv.blocks_needed(head, n, hits) is not None:
+            return None
+        return {b.block_id for b in hits}
+
+    def _new_blocks(self, steps: int, chunk: int) -> int:
+        """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
+        kv = self.kv
+        bs = kv.block_size
+        running = self.running
+        total = 0
+        for i, r in enumerate(running):
+            tokens = chunk if chunk and i == len(running) - 1 else 1
+            total += max(0, -(-(r.num_computed_tokens + steps * tokens) // bs) - kv.num_blocks_of(r))
+        return total
+
+    def advance_plain(self, steps: int, chunk: int) -> None:
+        """Apply ``steps`` schedules ``plain_run`` allowed, with every block taken and cached in the order
+        stepping would: step by step, running order. A decoder only reaches the KV manager at the steps that
+        start a block (a new block) or fill one (it gets cached); in between it just counts."""
+        kv = self.kv
+        bs = kv.block_size
+        running = self.running
+        decoders = running[:-1] if chunk else running
+        events: list[tuple[int, int]] = []  # (step, running index)
+        for index, r in enumerate(decoders):
+            c = r.num_computed_tokens
+            for first in ((-c) % bs, (bs - 1 - c) % bs):  # position c + i starts a block / fills one
+                events.extend((i, index) for i in range(first, steps, bs))
+        if chunk:
+            events.extend((i, len(running) - 1) for i in range(steps))
+        events.sort()
+        start = [r.num_computed_tokens for r in running]
+        for i, index in events:
+            r = running[index]
+            n = chunk if chunk and index == len(running) - 1 else 1
+            at = start[index] + i * n
+            if n == 1:
+                r.skip_output_tokens(at - r.num_computed_tokens)
+            r.num_computed_tokens = at
+            if not kv.allocate_slots(r, n):
+                raise AssertionError("a planned step found no free blocks")
+        for index, r in enumerate(running):
+            n = chunk if chunk and index == len(running) - 1 else 1
+            end = start[index] + steps * n
+            if n == 1:
+                r.skip_output_tokens(end - r.num_computed_tokens)
+            r.num_computed_tokens = end
+
     def _still_blocked(self, request: Request, budget: int) -> bool:
         """True when the head that failed last time must fail again, so its cache lookup can be skipped.
 

@@ -22,16 +22,22 @@ from rich.console import Console
 from rich.table import Table
 
 from progrouter.config import ConfigError
+from progrouter.engine.profiles import BUILTIN, ProfileError, load_profile, with_cost_models
 from progrouter.sim.arms import Hint, SimArm, parse_hint, standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
 from progrouter.sim.report import build_report, write_report
 from progrouter.sim.simulation import ArmResult, Simulation
 from progrouter.workload import trace as trace_mod
 from progrouter.workload.bench_cli import default_program_config
-from progrouter.workload.generators import CodingWorkload, generate
+from progrouter.workload.generators import CodingWorkload
 from progrouter.workload.render import rank_table, summary_table
 from progrouter.workload.trace import Trace, TraceError
-from progrouter.workload.trace_cli import add_scale_arguments, add_workload_arguments, workload_from_args
+from progrouter.workload.trace_cli import (
+    WORKLOADS,
+    add_scale_arguments,
+    add_workload_arguments,
+    trace_from_args,
+)
 
 DEFAULT_ARMS = "native,program,oracle"
 KV_CAPACITY = "kv"
@@ -42,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which = src.add_mutually_exclusive_group(required=True)
     which.add_argument("--trace", type=Path, default=None, help="a progrouter trace (JSONL)")
     which.add_argument(
-        "--generate", choices=["coding", "long-tool", "long_tool"], default=None, help="synthetic workload"
+        "--generate", choices=[*WORKLOADS, "long-tool"], default=None, help="synthetic workload"
     )
     add_workload_arguments(src)
     add_scale_arguments(parser)
@@ -58,7 +64,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = FleetSpec()
     fleet = parser.add_argument_group("simulated Ranks")
     fleet.add_argument("--ranks", type=int, default=d.ranks, help="data-parallel Ranks")
-    fleet.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per Rank")
+    fleet.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="NAME|FILE",
+        help=f"the Ranks' cost models and KV size, and the Program arms' cost models: {', '.join(BUILTIN)} "
+        "or a calibration.json (default: reference costs, --num-blocks)",
+    )
+    fleet.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help=f"KV blocks per Rank (default {d.num_blocks} or the profile's)",
+    )
     fleet.add_argument(
         "--engine-block-size",
         type=int,
@@ -110,20 +128,28 @@ def load_trace(args: argparse.Namespace) -> Trace:
     else:
         if args.block_size is None:
             args.block_size = CodingWorkload().block_size
-        t = generate(workload_from_args(args.generate.replace("-", "_"), args))
+        t = trace_from_args(args.generate, args)
     t = t.scaled(token_scale=args.token_scale, time_scale=args.time_scale)
     return t.head(args.num_tasks) if args.num_tasks else t
 
 
 def fleet_from_args(args: argparse.Namespace, trace: Trace) -> FleetSpec:
     block_size = args.engine_block_size or args.block_size or trace.block_size
+    profile = load_profile(args.engine_profile) if args.engine_profile else None
+    costs: dict[str, Any] = {}
+    num_blocks = args.num_blocks or FleetSpec().num_blocks
+    if profile is not None:
+        costs = {"prefill_cost_model": profile.prefill_cost_model,
+                 "decode_throughput_model": profile.decode_throughput_model}  # fmt: skip
+        num_blocks = args.num_blocks or profile.num_blocks(block_size)
     return FleetSpec(
         ranks=args.ranks,
-        num_blocks=args.num_blocks,
+        num_blocks=num_blocks,
         block_size=block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        **costs,
     )
 
 
@@ -158,6 +184,8 @@ def arms_from_args(args: argparse.Namespace, fleet: FleetSpec) -> tuple[list[Sim
         base = default_program_config(fleet.capacity_tokens)
     else:
         base = _with_capacity(_json_object(args.program_config, "--program-config"), fleet)
+    if args.engine_profile:
+        base = with_cost_models(base, fleet.prefill_cost_model, fleet.decode_throughput_model)
     hint = parse_hint(args.hint)
     hints: dict[str, Hint] = {
         n: parse_hint(h) for n, h in _pairs(args.variant_hint, "--variant-hint").items()
@@ -249,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args)
         fleet = fleet_from_args(args, trace)
         arms, base = arms_from_args(args, fleet)
-    except (TraceError, ConfigError, OSError, ValueError) as exc:
+    except (TraceError, ConfigError, ProfileError, OSError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     console.print(

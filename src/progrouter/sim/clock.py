@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +27,11 @@ class VirtualClock:
         """Run ``callback(arg)`` at ``when`` (never in the past: an earlier time runs now)."""
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), callback, arg))
 
-    def run(self, stop: Callable[[], bool]) -> None:
-        """Pop events in order until none are left or ``stop()`` is true after an event."""
+    def run(self, stop: Callable[[], bool], until: float = math.inf) -> None:
+        """Pop events in order until none are left, the next is after ``until``, or ``stop()`` is true after
+        an event."""
         heap = self._heap
-        while heap:
+        while heap and heap[0][0] <= until:
             when, _, callback, arg = heapq.heappop(heap)
             self.now = when
             callback(arg)

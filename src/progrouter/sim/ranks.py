@@ -12,9 +12,18 @@ the same text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from progrouter.engine import EngineConfig, EngineCore, RequestOutput, SamplingParams, StepResult
+from progrouter.config import DecodeThroughputModel, PrefillCostModel
+from progrouter.engine import (
+    EngineConfig,
+    EngineCore,
+    PromptBlocks,
+    RequestOutput,
+    SamplingParams,
+    StepResult,
+)
+from progrouter.engine.core import PlainRun
 from progrouter.engine.metrics import render_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target, expand_targets
@@ -37,6 +46,9 @@ class FleetSpec:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None  # default: the whole KV cache of a Rank
+    prefill_cost_model: PrefillCostModel = field(default_factory=PrefillCostModel)
+    decode_throughput_model: DecodeThroughputModel = field(default_factory=DecodeThroughputModel)
+    plain_runs: bool = True  # plain steps as one event (same results; False: one event per step)
 
     @property
     def capacity_tokens(self) -> int:
@@ -51,36 +63,82 @@ class FleetSpec:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or blocks * self.block_size,
+            prefill_cost_model=self.prefill_cost_model,
+            decode_throughput_model=self.decode_throughput_model,
         )
 
 
 class SimRank:
-    """One Rank: its target, its core, and whether a step is scheduled."""
+    """One Rank: its target, its core, and whether a step (or a plain run) is scheduled.
 
-    __slots__ = ("_clock", "_on_output", "core", "stepping", "target")
+    When the core's next steps are plain (``EngineCore.plain_run``: decodes and one prefill's chunks) the
+    Rank schedules their end as one event instead of one per step. A request that arrives meanwhile, or an
+    observation, cuts the run: the steps that started before it are applied and the Rank steps on from the end
+    of the last one (where the request joins), exactly as if the run had been stepped one by one.
+    """
 
-    def __init__(self, target: Target, core: EngineCore, clock: VirtualClock, on_output: OutputHandler):
+    __slots__ = ("_clock", "_on_output", "_run", "_run_seq", "core", "plain_runs", "stepping", "target")
+
+    def __init__(
+        self,
+        target: Target,
+        core: EngineCore,
+        clock: VirtualClock,
+        on_output: OutputHandler,
+        *,
+        plain_runs: bool = True,
+    ):
         self.target = target
         self.core = core
         self.stepping = False
+        self.plain_runs = plain_runs
         self._clock = clock
         self._on_output = on_output
+        self._run: PlainRun | None = None
+        self._run_seq = 0  # the pending run's end event carries this; a cut run's event is stale
 
-    def add(self, request_id: str, prompt: Sequence[int], output_tokens: int, now: float) -> None:
+    def add(
+        self, request_id: str, prompt: Sequence[int] | PromptBlocks, output_tokens: int, now: float
+    ) -> None:
         """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
         params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
+        self._cut(now)
         self.core.add_request(request_id, prompt, params, now)
         if not self.stepping:
             self.stepping = True
             self._clock.at(now, self._step)
 
     def _step(self, _: object) -> None:
-        result = self.core.step(self._clock.now)
+        now = self._clock.now
+        if self.plain_runs:
+            run = self.core.plain_run(now)
+            if run is not None:
+                self._run = run
+                self._run_seq += 1
+                _, end = self.core.plain_run_steps(run)
+                self._clock.at(end, self._run_over, self._run_seq)
+                return
+        result = self.core.step(now)
         if result.num_scheduled_tokens == 0:
             # Nothing could run: an empty Rank admits any request that fits its KV, so it is idle.
             self.stepping = False
             return
         self._clock.at(result.end, self._deliver, result)
+
+    def _cut(self, now: float) -> None:
+        """Apply the pending run's steps that started before ``now`` and step on from the last one's end."""
+        if self._run is not None:
+            end = self.core.finish_plain_run(self._run, before=now)
+            self._run = None
+            self._run_seq += 1
+            self._clock.at(end, self._step)
+
+    def _run_over(self, seq: int) -> None:
+        if seq != self._run_seq or self._run is None:
+            return  # cut by an arrival; the Rank already stepped on
+        self.core.finish_plain_run(self._run)
+        self._run = None
+        self._step(None)
 
     def _deliver(self, result: StepResult) -> None:
         now = self._clock.now
@@ -93,6 +151,8 @@ class SimRank:
             self._clock.at(when, self._step)
 
     def observation(self) -> BackendObservation:
+        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run is cut)."""
+        self._cut(self._clock.now)
         core = self.core
         return BackendObservation(core.kv_cache_usage(), core.num_running, core.num_waiting)
 
@@ -102,7 +162,10 @@ def build_fleet(
 ) -> list[SimRank]:
     config = spec.engine_config(num_blocks)
     targets = expand_targets([SIM_ENGINE_URL], spec.ranks)
-    return [SimRank(t, EngineCore(config, rank=t.rank), clock, on_output) for t in targets]
+    return [
+        SimRank(t, EngineCore(config, rank=t.rank), clock, on_output, plain_runs=spec.plain_runs)
+        for t in targets
+    ]
 
 
 def scrape(ranks: Sequence[SimRank]) -> list[Sample]:

@@ -11,13 +11,14 @@ router's queue wait), first token, finished — and the Ranks' counters are scra
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from progrouter.config import Policy
-from progrouter.engine import RequestOutput, RequestRejected
+from progrouter.engine import PromptBlocks, RequestOutput, RequestRejected
 from progrouter.program.types import BackendObservation
 from progrouter.routing.policies import ConsistentHashPolicy, RoundRobinPolicy, RoutingPolicy
 from progrouter.routing.target import Target
@@ -64,8 +65,10 @@ class Simulation:
         *,
         salt: str = "progrouter",
         max_concurrent_tasks: int | None = None,
+        until: float | None = None,
     ) -> None:
         self.trace = trace
+        self.until = until  # None: until every task finished; else stop at this virtual time
         self.fleet = fleet
         self.arm = arm
         self.clock = VirtualClock()
@@ -103,8 +106,8 @@ class Simulation:
         before = scrape(self.ranks)
         self.router.start(0.0)
         self.agents.start()
-        self.clock.run(stop=lambda: False)
-        if not self.agents.done:
+        self.clock.run(stop=lambda: False, until=math.inf if self.until is None else self.until)
+        if self.until is None and not self.agents.done:
             raise RuntimeError(f"{self.agents.running_tasks} tasks never finished (a request was lost)")
         after = scrape(self.ranks)
         planned = {t.task_id: t.num_requests for t in self.trace.tasks}
@@ -152,7 +155,7 @@ class Simulation:
         fact.rank = target.rank
         fact.target = target.id
         rank = self._by_target[target.id]
-        prompt = self.prompts.token_ids(request.task.task_id, request.request_id, request.request).tolist()
+        prompt = self._prompt(request, rank.core.config.block_size)
         try:
             rank.add(request.request_id, prompt, request.request.output_tokens, now)
         except RequestRejected as exc:
@@ -160,6 +163,17 @@ class Simulation:
             self.clock.at(now, self._refused, (request, str(exc)))
             return
         self._in_flight[request.request_id] = request
+
+    def _prompt(self, request: SimRequest, block_size: int) -> PromptBlocks | list[int]:
+        """The prompt as block keys when the Rank's blocks are whole trace blocks (no tokens drawn or
+        hashed: the same cache behaviour for a fraction of the time), else as token ids."""
+        task_id, trace_request = request.task.task_id, request.request
+        program_id = request.program.program_id
+        hashes = self.prompts.block_hashes(program_id, task_id, request.request_id, trace_request, block_size)
+        if hashes is not None:
+            return PromptBlocks(trace_request.input_tokens, hashes)
+        tokens: list[int] = self.prompts.token_ids(task_id, request.request_id, trace_request).tolist()
+        return tokens
 
     def _refused(self, arg: tuple[SimRequest, str]) -> None:
         request, error = arg
@@ -199,6 +213,14 @@ class Simulation:
         self.facts.append(fact)
         self.router.finished(now, request, output)
         request.run.request_done(now)
+
+    def programs_per_rank(self) -> list[int]:
+        """How many Programs have a request on each Rank (running or waiting in its engine) right now."""
+        per_rank: dict[str, set[str]] = {r.target.id: set() for r in self.ranks}
+        for request in self._in_flight.values():
+            if request.target is not None:
+                per_rank[request.target.id].add(request.program.program_id)
+        return [len(per_rank[r.target.id]) for r in self.ranks]
 
     def _observe(self, targets: Sequence[Target]) -> dict[str, BackendObservation]:
         return {t.id: self._by_target[t.id].observation() for t in targets}

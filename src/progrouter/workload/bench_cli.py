@@ -7,6 +7,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from progrouter.config import ConfigError, ProgramSchedulingConfig
+from progrouter.engine.profiles import BUILTIN, load_profile, with_cost_models
 from progrouter.workload import trace as trace_mod
 from progrouter.workload.arms import ARMS, EngineFleet
 from progrouter.workload.bench import Bench, BenchPlan, ExternalFleet, upstream_binary
 from progrouter.workload.facts import Fact
-from progrouter.workload.generators import generate
 from progrouter.workload.procs import ProcessError
 from progrouter.workload.render import plot, print_report
 from progrouter.workload.replay_cli import add_replay_arguments, options_from_args
 from progrouter.workload.trace import Trace, TraceError
-from progrouter.workload.trace_cli import add_workload_arguments, workload_from_args
+from progrouter.workload.trace_cli import WORKLOADS, add_workload_arguments, trace_from_args
 
 DEFAULT_ARMS = "native,program,binding_only,oracle,upstream"
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", type=Path, default=None, help="a progrouter trace (JSONL)")
     src.add_argument(
         "--workload",
-        choices=["coding", "long_tool"],
+        choices=WORKLOADS,
         default="coding",
         help="synthetic workload when no --trace is given",
     )
@@ -60,7 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = EngineFleet()
     eng.add_argument("--engines", type=int, default=d.engines, help="emulator processes")
     eng.add_argument("--data-parallel-size", type=int, default=d.dp_size, help="Ranks per engine")
-    eng.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per Rank")
+    eng.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="NAME|FILE",
+        help="the emulators' cost models and KV size, and the Program arms' cost models: "
+        f"{', '.join(BUILTIN)} or a calibration.json",
+    )
+    eng.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help=f"KV blocks per Rank (default {d.num_blocks} or the profile's)",
+    )
     eng.add_argument("--engine-block-size", type=int, default=d.block_size, help="tokens per KV block")
     eng.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     eng.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
@@ -81,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _trace(args: argparse.Namespace) -> Trace:
-    t = trace_mod.load(args.trace) if args.trace else generate(workload_from_args(args.workload, args))
+    t = trace_mod.load(args.trace) if args.trace else trace_from_args(args.workload, args)
     t = t.scaled(token_scale=args.token_scale)
     return t.head(args.num_tasks) if args.num_tasks else t
 
@@ -92,6 +105,19 @@ def default_program_config(capacity_tokens: int | None) -> dict[str, Any]:
     if capacity_tokens is not None:
         cfg["token_capacity_per_dp_rank"] = capacity_tokens
     return cfg
+
+
+def with_engine_profile(
+    spec: str | None, fleet: EngineFleet, program: dict[str, Any]
+) -> tuple[EngineFleet, dict[str, Any]]:
+    """The emulators run the profile's step costs (their own ``--engine-profile``; explicit flags such as the
+    fleet's ``--num-blocks`` still win) and the Program arms model the same costs."""
+    if spec is None:
+        return fleet, program
+    profile = load_profile(spec)
+    where = str(Path(spec).resolve()) if Path(spec).is_file() else spec
+    fleet = replace(fleet, extra_args=("--engine-profile", where, *fleet.extra_args))
+    return fleet, with_cost_models(program, profile.prefill_cost_model, profile.decode_throughput_model)
 
 
 def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
@@ -112,14 +138,17 @@ def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
         longest = max(
             (r.input_tokens + r.output_tokens for _t, p in trace.programs() for r in p.requests), default=1
         )
+        num_blocks = args.num_blocks or EngineFleet().num_blocks
+        if args.engine_profile and not args.num_blocks:
+            num_blocks = load_profile(args.engine_profile).num_blocks(args.engine_block_size)
         fleet = EngineFleet(
             engines=args.engines,
             dp_size=args.data_parallel_size,
-            num_blocks=args.num_blocks,
+            num_blocks=num_blocks,
             block_size=args.engine_block_size,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=min(args.num_blocks * args.engine_block_size, max(longest + 16, 1024)),
+            max_model_len=min(num_blocks * args.engine_block_size, max(longest + 16, 1024)),
             time_scale=args.time_scale,
             extra_args=tuple(args.engine_arg),
         )
@@ -133,6 +162,8 @@ def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
         program = orjson.loads(args.program_config_json)
     else:
         program = default_program_config(capacity)
+    if isinstance(fleet, EngineFleet):
+        fleet, program = with_engine_profile(args.engine_profile, fleet, program)
     ProgramSchedulingConfig.resolve(True, orjson.dumps(program).decode())  # fail early, naming the field
     report_dir = args.report_dir or Path("bench-reports") / time.strftime("%Y%m%d-%H%M%S")
     return BenchPlan(

@@ -22,9 +22,10 @@ from typing import Any
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.engine.profiles import BUILTIN
 from progrouter.workload.arms import EngineFleet
 from progrouter.workload.bench import BenchPlan, upstream_binary
-from progrouter.workload.bench_cli import execute
+from progrouter.workload.bench_cli import execute, with_engine_profile
 from progrouter.workload.generators import CodingWorkload, generate
 from progrouter.workload.replay import ReplayOptions
 from progrouter.workload.stats import summarize, trace_intervals
@@ -78,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modelled seconds per wall second (lower is more faithful and slower)",
     )
     parser.add_argument("--tasks", type=int, default=DEMO_WORKLOAD.tasks, help="fewer for a quicker look")
+    parser.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="NAME|FILE",
+        help=f"step costs of the emulators and the Program arm ({', '.join(BUILTIN)} or a calibration.json); "
+        "the demo keeps its own KV size",
+    )
     parser.add_argument("--no-upstream", action="store_true", help="skip the vllm-router arm")
     parser.add_argument("--upstream-binary", default=None, help="path of vllm-router (default: on PATH)")
 
@@ -90,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     trace = demo_trace(args.tasks)
     fleet = replace(DEMO_FLEET, time_scale=args.time_scale)
-    program = recommended_config(fleet)
+    try:
+        fleet, program = with_engine_profile(args.engine_profile, fleet, recommended_config(fleet))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
     arms = ["native", "program", "oracle"]
     if not args.no_upstream and upstream_binary(args.upstream_binary) is not None:
         arms.append("upstream")

@@ -79,7 +79,7 @@ def long_tool_workload(**overrides: Any) -> CodingWorkload:
     return CodingWorkload(**base)
 
 
-class _Blocks:
+class BlockIds:
     """Allocates task-private block ids; ids below PRIVATE_BASE are the shared system prompt."""
 
     def __init__(self) -> None:
@@ -119,7 +119,7 @@ def _lognormal_int(rng: np.random.Generator, median: int, sigma: float, lo: int,
 def _task(
     w: CodingWorkload, rng: np.random.Generator, task_id: str, sys_blocks: list[int]
 ) -> list[TraceProgram]:
-    alloc = _Blocks()
+    alloc = BlockIds()
     lead_id = program_id(task_id, "lead")
     turns = int(rng.integers(w.turns_min, w.turns_max + 1))
     lead_reqs = _turns(w, rng, alloc, sys_blocks, turns, first_gap=0.0)
@@ -151,7 +151,7 @@ def _task(
 def _turns(
     w: CodingWorkload,
     rng: np.random.Generator,
-    alloc: _Blocks,
+    alloc: BlockIds,
     sys_blocks: list[int],
     turns: int,
     first_gap: float,

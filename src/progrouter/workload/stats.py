@@ -67,6 +67,40 @@ def fact_intervals(facts: Iterable[Fact], model: PrefillCostModel) -> list[Inter
     return out
 
 
+def trace_shape(trace: Trace) -> dict[str, Any]:
+    """The workload's shape as quantiles: input tokens per request, context growth per turn (compactions
+    excluded), output tokens, turns per session (the lead's requests), think/tool gaps (every request after a
+    Program's first) and the share of sessions that start subagents."""
+    inputs: list[int] = []
+    growth: list[int] = []
+    outputs: list[int] = []
+    gaps: list[float] = []
+    for _task, p in trace.programs():
+        inputs.extend(r.input_tokens for r in p.requests)
+        outputs.extend(r.output_tokens for r in p.requests)
+        for prev, cur in itertools.pairwise(p.requests):
+            gaps.append(cur.gap)
+            if cur.input_tokens >= prev.input_tokens:
+                growth.append(cur.input_tokens - prev.input_tokens)
+    turns = [len(t.lead.requests) for t in trace.tasks]
+
+    def q(values: Sequence[float], ps: Sequence[int]) -> dict[str, float | None]:
+        return {f"p{p}": (float(np.percentile(values, p)) if len(values) else None) for p in ps}
+
+    return {
+        "requests": len(inputs),
+        "sessions": len(trace.tasks),
+        "input_tokens": q(inputs, (10, 50, 90)),
+        "growth_tokens": q(growth, (50, 90)),
+        "output_tokens": q(outputs, (50, 90)),
+        "turns_per_session": q(turns, (50, 90)),
+        "gap_seconds": q(gaps, (10, 25, 50, 75, 90, 99)),
+        "gap_share_within_1s": _share([g <= 1.0 for g in gaps]),
+        "gap_share_within_10s": _share([g <= 10.0 for g in gaps]),
+        "subagent_session_share": _share([len(t.programs) > 1 for t in trace.tasks]),
+    }
+
+
 def _share(xs: Sequence[bool]) -> float | None:
     return None if not xs else sum(xs) / len(xs)
 

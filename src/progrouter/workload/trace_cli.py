@@ -14,10 +14,11 @@ from rich.table import Table
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.workload import trace as trace_mod
+from progrouter.workload.agentic import AgenticWorkload, generate_agentic
 from progrouter.workload.facts import is_facts_file, load_facts
 from progrouter.workload.generators import CodingWorkload, generate, long_tool_workload
 from progrouter.workload.importers import IMPORTERS
-from progrouter.workload.stats import fact_intervals, summarize, trace_intervals
+from progrouter.workload.stats import fact_intervals, summarize, trace_intervals, trace_shape
 from progrouter.workload.trace import Trace, TraceError
 
 
@@ -40,7 +41,13 @@ def add_workload_arguments(p: argparse._ActionsContainer) -> None:
     p.add_argument("--tool-result-tokens", type=int, default=d.tool_result_tokens_median, help="median")
     p.add_argument("--output-tokens", type=int, default=d.output_tokens_median, help="median")
     p.add_argument("--output-tokens-max", type=int, default=d.output_tokens_max)
-    p.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+    p.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help=f"context cap (coding: {d.max_context_tokens}, ends the Program; "
+        f"agentic: {AgenticWorkload().max_context_tokens}, compacts the session)",
+    )
     p.add_argument("--gap-median", type=float, default=None, help=f"seconds (coding: {g.median})")
     p.add_argument("--gap-sigma", type=float, default=None, help=f"log-normal sigma (coding: {g.sigma})")
     p.add_argument("--long-gap-prob", type=float, default=None, help=f"share of long gaps ({g.long_prob})")
@@ -74,7 +81,7 @@ def workload_from_args(kind: str, args: argparse.Namespace) -> CodingWorkload:
         "tool_result_tokens_median": args.tool_result_tokens,
         "output_tokens_median": args.output_tokens,
         "output_tokens_max": args.output_tokens_max,
-        "max_context_tokens": args.max_context_tokens,
+        "max_context_tokens": args.max_context_tokens or w.max_context_tokens,
         "subagents_max": args.subagents_max,
         "task_interarrival": args.task_interarrival,
         "gaps": gaps,
@@ -85,10 +92,30 @@ def workload_from_args(kind: str, args: argparse.Namespace) -> CodingWorkload:
     return replace(w, **given)
 
 
+WORKLOADS = ("coding", "long_tool", "agentic")
+
+
+def trace_from_args(kind: str, args: argparse.Namespace) -> Trace:
+    """The synthetic trace ``kind`` (``long-tool`` = ``long_tool``) with the workload flags in ``args``."""
+    kind = kind.replace("-", "_")
+    if kind != "agentic":
+        return generate(workload_from_args(kind, args))
+    d = AgenticWorkload()
+    return generate_agentic(
+        AgenticWorkload(
+            tasks=args.tasks,
+            seed=args.seed,
+            block_size=args.block_size or d.block_size,
+            max_context_tokens=args.max_context_tokens or d.max_context_tokens,
+            task_interarrival=args.task_interarrival,
+        )
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
     gen = sub.add_parser("generate", help="write a synthetic workload")
-    gen.add_argument("kind", choices=["coding", "long_tool"])
+    gen.add_argument("kind", choices=WORKLOADS)
     gen.add_argument("-o", "--out", type=Path, required=True)
     add_workload_arguments(gen)
     add_scale_arguments(gen)
@@ -110,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         if args.trace_command == "generate":
-            t = generate(workload_from_args(args.kind, args))
+            t = trace_from_args(args.kind, args)
             return _save(
                 t.scaled(token_scale=args.token_scale, time_scale=args.time_scale), args.out, console
             )
@@ -141,11 +168,16 @@ def _stats(args: argparse.Namespace) -> int:
     if is_facts_file(args.file):
         intervals = fact_intervals(load_facts(args.file), model)
         source = "replay facts (measured, modelled seconds)"
+        shape = None
     else:
-        intervals = trace_intervals(trace_mod.load(args.file), model)
+        trace = trace_mod.load(args.file)
+        intervals = trace_intervals(trace, model)
         source = "trace (planned gaps)"
+        shape = trace_shape(trace)
     figures = summarize(intervals)
     figures["source"] = source
+    if shape is not None:
+        figures["shape"] = shape
     if args.json:
         sys.stdout.write(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
@@ -181,3 +213,16 @@ def print_stats(f: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     console.print(f"verdict: {f['verdict']}")
+    if "shape" in f:
+        print_shape(f["shape"], console)
+
+
+def print_shape(shape: dict[str, Any], console: Console) -> None:
+    """The workload's shape: one row per distribution, its quantiles."""
+    table = Table("shape", "quantiles", title=f"{shape['sessions']} sessions, {shape['requests']} requests")
+    for key in ("input_tokens", "growth_tokens", "output_tokens", "turns_per_session", "gap_seconds"):
+        table.add_row(key, "  ".join(f"{p} {_fmt(v)}" for p, v in shape[key].items()))
+    table.add_row("gaps within 1 s / 10 s", f"{_fmt(shape['gap_share_within_1s'], True)} / "
+                  f"{_fmt(shape['gap_share_within_10s'], True)}")  # fmt: skip
+    table.add_row("sessions with subagents", _fmt(shape["subagent_session_share"], True))
+    console.print(table)

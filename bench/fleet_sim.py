@@ -1,0 +1,303 @@
+"""Fleet-size simulation: Ranks of a GPU engine profile, Claude-Code-shaped agents at full token scale, one
+arm after another on the same trace, for a bounded stretch of modelled time.
+
+``--agents`` sessions run at once (``max_concurrent_tasks``): when one ends the next starts, so the offered
+load stays at that many agents for the whole run. The trace has ``--agents`` × (1 + ``--reserve``) sessions;
+the run stops at ``--hours`` of modelled time, and every figure covers what happened until then (requests
+that completed; JCT over the sessions that completed). KV blocks are ``--block-size`` tokens (default 256:
+see docs/simulator.md for what a coarser block changes). Prints, per arm: request latency and session JCT,
+token cache hit, prefill GPU-seconds spent and saved (the profile's prefill model applied to each completed
+request's uncached and cached tokens), queue wait in the router, preemptions, KV utilisation, Programs per
+Rank, and the wall time; writes a PNG of Programs per Rank over time and a JSON of the figures.
+
+Target (issue 13): one modelled hour of 16 Ranks × 2,000 agents in under 60 s of wall time per arm.
+
+    .venv/bin/python bench/fleet_sim.py --profile h200-llama-8b --ranks 16 --agents 2000 --hours 1 \\
+        --arms native --out fleet-report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from progrouter.engine.profiles import BUILTIN, EngineProfile, load_profile, with_cost_models
+from progrouter.sim.arms import SimArm, standard_arm, variant_arm
+from progrouter.sim.ranks import FleetSpec
+from progrouter.sim.simulation import Simulation
+from progrouter.workload.agentic import AgenticWorkload, generate_agentic
+from progrouter.workload.trace import Trace
+
+#: The arms: native consistent hashing, the spec's default Program config, Program scheduling told the Ranks'
+#: KV size with the global queue (the README's first deployment), and native on unbounded KV.
+ARM_NAMES = ("native", "program", "capacity", "oracle")
+SAMPLE_SECONDS = 10.0
+
+
+def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Trace:
+    """``agents`` × (1 + ``reserve``) agentic sessions; contexts capped at 80% of a Rank's KV (compaction)."""
+    cap = min(AgenticWorkload().max_context_tokens, int(0.8 * fleet.capacity_tokens))
+    tasks = int(agents * (1 + reserve))
+    return generate_agentic(
+        AgenticWorkload(tasks=tasks, seed=seed, block_size=fleet.block_size, max_context_tokens=cap)
+    )
+
+
+def build_arms(names: list[str], profile: EngineProfile, fleet: FleetSpec) -> list[SimArm]:
+    base = with_cost_models({}, profile.prefill_cost_model, profile.decode_throughput_model)
+    capacity = {"token_capacity_per_dp_rank": fleet.capacity_tokens, "global_queue": True}
+    arms = []
+    for name in names:
+        if name == "capacity":
+            arms.append(variant_arm(name, base, capacity))
+        else:
+            arms.append(standard_arm(name, base))
+    return arms
+
+
+class Sampler:
+    """Every SAMPLE_SECONDS of modelled time: KV usage and the Programs with a request on each Rank."""
+
+    def __init__(self, sim: Simulation, until: float) -> None:
+        self.sim = sim
+        self.until = until
+        self.times: list[float] = []
+        self.kv: list[list[float]] = []
+        self.programs: list[list[int]] = []
+        sim.clock.at(0.0, self._sample)
+
+    def _sample(self, _: object) -> None:
+        sim = self.sim
+        self.times.append(sim.clock.now)
+        self.kv.append([r.observation().kv_cache_usage for r in sim.ranks])
+        self.programs.append(sim.programs_per_rank())
+        if sim.clock.now + SAMPLE_SECONDS <= self.until:
+            sim.clock.at(sim.clock.now + SAMPLE_SECONDS, self._sample)
+
+
+def dist(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None}
+    return {
+        "mean": statistics.fmean(values),
+        "p50": float(np.median(values)),
+        "p90": float(np.percentile(values, 90)),
+    }
+
+
+def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: float) -> dict[str, Any]:
+    facts = sim.facts
+    ok = [f for f in facts if f.ok and f.prompt_tokens is not None]
+    prefill = profile.prefill_cost_model.prefill_seconds
+    spent = sum(prefill((f.prompt_tokens or 0) - (f.cached_tokens or 0)) for f in ok)
+    saved = sum(prefill(f.prompt_tokens or 0) for f in ok) - spent
+    prompt = sum(f.prompt_tokens or 0 for f in ok)
+    cached = sum(f.cached_tokens or 0 for f in ok)
+    e2e = [f.finished_at - f.started_at for f in ok]
+    wait = [f.headers_at - f.started_at for f in ok if f.headers_at is not None]
+    done_requests = Counter(f.task_id for f in ok)
+    planned = {t.task_id: t.num_requests for t in sim.trace.tasks}
+    last = {f.task_id: f.finished_at for f in ok}
+    jct = [last[t] - sim.agents.task_start[t] for t, n in done_requests.items() if n == planned[t]]
+    kv = [u for row in sampler.kv for u in row]
+    programs = [n for row in sampler.programs for n in row]
+    return {
+        "arm": sim.arm.name,
+        "requests_completed": len(ok),
+        "errors": sum(f.status == "error" for f in facts),
+        "sessions_completed": len(jct),
+        "request_seconds": dist(e2e),
+        "jct_seconds": dist(jct),
+        "token_hit": cached / prompt if prompt else None,
+        "prefill_gpu_seconds_spent": spent,
+        "prefill_gpu_seconds_saved": saved,
+        "queue_wait_seconds": dist(wait),
+        "preemptions": sum(r.core.stats.num_preemptions for r in sim.ranks),
+        "kv_utilisation_mean": statistics.fmean(kv) if kv else None,
+        "programs_per_rank": {"mean": statistics.fmean(programs) if programs else None,
+                              "max": max(programs, default=0)},
+        "events": sim.clock.events_run,
+        "wall_seconds": wall,
+    }  # fmt: skip
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    return "-" if v is None else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("arm", lambda r: r["arm"]),
+        ("req done", lambda r: r["requests_completed"]),
+        ("sess done", lambda r: r["sessions_completed"]),
+        ("req mean s", lambda r: r["request_seconds"]["mean"]),
+        ("req p50", lambda r: r["request_seconds"]["p50"]),
+        ("req p90", lambda r: r["request_seconds"]["p90"]),
+        ("JCT mean s", lambda r: r["jct_seconds"]["mean"]),
+        ("JCT p50", lambda r: r["jct_seconds"]["p50"]),
+        ("JCT p90", lambda r: r["jct_seconds"]["p90"]),
+        ("hit", lambda r: r["token_hit"]),
+        ("prefill s spent", lambda r: r["prefill_gpu_seconds_spent"]),
+        ("saved", lambda r: r["prefill_gpu_seconds_saved"]),
+        ("queue s", lambda r: r["queue_wait_seconds"]["mean"]),
+        ("preempt", lambda r: r["preemptions"]),
+        ("KV util", lambda r: r["kv_utilisation_mean"]),
+        ("Progs/Rank", lambda r: r["programs_per_rank"]["mean"]),
+        ("wall s", lambda r: r["wall_seconds"]),
+    ]
+    print(" | ".join(name for name, _ in cols))
+    for row in rows:
+        print(" | ".join(fmt(get(row)) for _, get in cols))
+
+
+def plot(samplers: dict[str, Sampler], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(samplers), 1, figsize=(9, 2.4 * len(samplers)), sharex=True, squeeze=False)
+    for ax, (name, s) in zip(axes[:, 0], samplers.items(), strict=True):
+        t = np.array(s.times) / 60.0
+        data = np.array(s.programs, dtype=float)
+        ax.plot(t, data, linewidth=0.6, alpha=0.6)
+        ax.plot(t, data.mean(axis=1), color="black", linewidth=1.5, label="mean")
+        ax.set_ylabel("Programs")
+        ax.set_title(f"{name}: Programs with a request on each Rank", fontsize=9)
+    axes[-1, 0].set_xlabel("modelled minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="h200-llama-8b", help=f"{', '.join(BUILTIN)} or a calibration.json")
+    ap.add_argument("--ranks", type=int, default=16)
+    ap.add_argument("--agents", type=int, default=2000, help="concurrent sessions")
+    ap.add_argument("--reserve", type=float, default=0.5, help="extra sessions, as a share of --agents")
+    ap.add_argument("--hours", type=float, default=1.0, help="modelled time")
+    ap.add_argument("--block-size", type=int, default=256, help="tokens per KV block (trace and engine)")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--arms", default="native", help=f"comma-separated from {', '.join(ARM_NAMES)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-plain-runs", action="store_true", help="step one by one (same results, slower)")
+    ap.add_argument(
+        "--agents-per-rank", default=None, help="a load sweep, e.g. 2,4,8 (instead of --agents; with --seeds)"
+    )
+    ap.add_argument("--seeds", default="0,1", help="the sweep's seeds")
+    ap.add_argument("--out", type=Path, default=None, help="folder for figures.json and programs.png")
+    args = ap.parse_args()
+
+    profile = load_profile(args.profile)
+    fleet = FleetSpec(
+        ranks=args.ranks,
+        num_blocks=profile.num_blocks(args.block_size),
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=8192,
+        prefill_cost_model=profile.prefill_cost_model,
+        decode_throughput_model=profile.decode_throughput_model,
+        plain_runs=not args.no_plain_runs,
+    )
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.agents_per_rank:
+        sweep(args, profile, fleet, names)
+        return
+    rows, samplers = run_point(args, profile, fleet, names, args.agents, args.seed)
+    print_table(rows)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "figures.json").write_text(json.dumps(rows, indent=2) + "\n")
+        plot(samplers, args.out / "programs.png")
+        print(f"figures: {args.out / 'figures.json'}, {args.out / 'programs.png'}")
+
+
+def run_point(
+    args: argparse.Namespace,
+    profile: EngineProfile,
+    fleet: FleetSpec,
+    names: list[str],
+    agents: int,
+    seed: int,
+) -> tuple[list[dict[str, Any]], dict[str, Sampler]]:
+    """Every arm on one trace of ``agents`` concurrent sessions."""
+    started = time.perf_counter()
+    trace = build_trace(agents, seed, args.reserve, fleet)
+    print(
+        f"trace: {len(trace.tasks)} sessions, {trace.num_requests} requests, generated in "
+        f"{time.perf_counter() - started:.1f} s; fleet: {fleet.ranks} Ranks × {fleet.capacity_tokens:,} KV "
+        f"tokens ({profile.name}, blocks of {fleet.block_size}); {agents} agents; {args.hours:g} h; "
+        f"seed {seed}",
+        flush=True,
+    )
+    until = args.hours * 3600.0
+    rows: list[dict[str, Any]] = []
+    samplers: dict[str, Sampler] = {}
+    for arm in build_arms(names, profile, fleet):
+        started, cpu = time.perf_counter(), time.process_time()
+        sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
+        sampler = Sampler(sim, until)
+        sim.run()
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        row = summarize(sim, sampler, profile, wall)
+        row["cpu_seconds"] = cpu
+        rows.append(row)
+        samplers[arm.name] = sampler
+        print(
+            f"  {arm.name}: {until:,.0f} modelled s in {wall:.1f} wall s, {cpu:.1f} CPU s "
+            f"({sim.clock.events_run:,} events)",
+            flush=True,
+        )
+    return rows, samplers
+
+
+def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, names: list[str]) -> None:
+    """Offered load (agents per Rank) × seeds: per load and arm, the seeds' mean of each figure."""
+    table: list[dict[str, Any]] = []
+    for load in (float(x) for x in args.agents_per_rank.split(",")):
+        per_arm: dict[str, list[dict[str, Any]]] = {}
+        for seed in (int(x) for x in args.seeds.split(",")):
+            rows, _ = run_point(args, profile, fleet, names, round(load * fleet.ranks), seed)
+            for row in rows:
+                per_arm.setdefault(row["arm"], []).append(row)
+        native = per_arm.get("native")
+        for arm, rows in per_arm.items():
+            latency = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in rows)
+            base = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in native) if native else None
+            jcts = [r["jct_seconds"]["mean"] for r in rows if r["jct_seconds"]["mean"] is not None]
+            table.append({
+                "profile": profile.name, "agents_per_rank": load, "arm": arm, "seeds": len(rows),
+                "token_hit": statistics.fmean(r["token_hit"] or 0.0 for r in rows),
+                "request_seconds_mean": latency, "x_native": latency / base if base else None,
+                "requests_completed": statistics.fmean(r["requests_completed"] for r in rows),
+                "session_jct_mean": statistics.fmean(jcts) if jcts else None,
+                "prefill_gpu_seconds_saved": statistics.fmean(r["prefill_gpu_seconds_saved"] for r in rows),
+                "preemptions": statistics.fmean(r["preemptions"] for r in rows),
+                "queue_wait_mean": statistics.fmean(r["queue_wait_seconds"]["mean"] or 0.0 for r in rows),
+            })  # fmt: skip
+        print_sweep(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sweep.json").write_text(json.dumps(table, indent=2) + "\n")
+
+
+def print_sweep(table: list[dict[str, Any]]) -> None:
+    keys = ["profile", "agents_per_rank", "arm", "token_hit", "request_seconds_mean", "x_native",
+            "requests_completed", "session_jct_mean", "prefill_gpu_seconds_saved", "preemptions",
+            "queue_wait_mean"]  # fmt: skip
+    print("| " + " | ".join(keys) + " |")
+    for row in table:
+        print("| " + " | ".join(fmt(row[k]) for k in keys) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
