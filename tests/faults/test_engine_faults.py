@@ -1,0 +1,123 @@
+"""Engine faults under concurrent agent load: kill -9 and restart, 5xx bursts, stalls, cut streams, /metrics.
+
+Each test drives six Program agents (room for about four) and two native agents, alternating streaming
+and non-streaming turns, injects its fault while they run, and then checks every invariant in
+``harness.check_invariants``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from support.agents import Tally
+
+from .conftest import RigFactory
+from .harness import Rig, check_invariants, drive, mixed_agents, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def _health(rig: Rig) -> int:
+    status, _ = await rig.get_json("/health")
+    return status
+
+
+async def _arrivals_at_least(rig: Rig, index: int, n: int) -> None:
+    from support.tapped_engine import read_arrivals
+
+    async def count() -> int:
+        return len(read_arrivals(rig.engines[index].tap_log))
+
+    await wait_until(count, lambda c: c >= n, timeout=15.0)
+
+
+async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
+    make_rig: RigFactory, report: Callable[[Tally], None]
+) -> None:
+    rig, _ = await make_rig()
+    victim = rig.engines[0]
+    port = victim.port
+
+    async def fault() -> None:
+        await _arrivals_at_least(rig, 0, 4)
+        await victim.kill()
+        await wait_until(lambda: _health(rig), lambda s: s == 503, timeout=10.0)
+        await victim.restart()
+        assert victim.port == port
+        await wait_until(lambda: _health(rig), lambda s: s == 200, timeout=10.0)
+
+    tally, watch = await drive(rig, mixed_agents(turns=10), fault)
+    report(tally)
+    await check_invariants(rig, tally, watch)
+    assert tally.counts()["completed"] > 0
+
+
+async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
+    rig, _ = await make_rig()
+
+    async def fault() -> None:
+        await _arrivals_at_least(rig, 0, 3)
+        for engine in rig.engines:
+            await rig.fault(engine, mode="none", fail_rate=0.5)
+        await _arrivals_at_least(rig, 0, 15)
+        for engine in rig.engines:
+            await rig.fault(engine, mode="none", fail_rate=0.0)
+
+    tally, watch = await drive(rig, mixed_agents(), fault)
+    report(tally)
+    await check_invariants(rig, tally, watch)
+    statuses = {r.status for r in tally.records if r.outcome == "error"}
+    assert statuses and statuses <= {500, 502, 503, 504}, statuses
+
+
+async def test_stall_longer_than_the_request_timeout(
+    make_rig: RigFactory, report: Callable[[Tally], None]
+) -> None:
+    rig, _ = await make_rig(request_timeout_secs=2.0)
+
+    async def fault() -> None:
+        await _arrivals_at_least(rig, 0, 3)
+        await rig.fault(rig.engines[0], mode="stall")
+        await asyncio.sleep(3.0)  # the fault's length, not an assertion: the stall outlasts the timeout
+        await rig.fault(rig.engines[0], mode="none")
+
+    tally, watch = await drive(rig, mixed_agents(turns=8), fault)
+    report(tally)
+    await check_invariants(rig, tally, watch)
+
+
+async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
+    rig, _ = await make_rig()
+
+    async def fault() -> None:
+        await _arrivals_at_least(rig, 0, 3)
+        await rig.fault(rig.engines[0], mode="cut_streams")
+        await _arrivals_at_least(rig, 0, 12)
+        await rig.fault(rig.engines[0], mode="none")
+
+    tally, watch = await drive(rig, mixed_agents(turns=8), fault)
+    report(tally)
+    await check_invariants(rig, tally, watch)
+
+
+async def test_metrics_outage_and_recovery(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
+    rig, _ = await make_rig()
+
+    async def sources() -> set[str]:
+        return {r["capacity_accounting_source"] for r in (await rig.diagnostics())["ranks"]}
+
+    async def fault() -> None:
+        await _arrivals_at_least(rig, 0, 3)
+        for engine, mode in zip(rig.engines, ("fail", "hang"), strict=True):
+            await rig.engine_post(engine, "/tap/metrics", {"mode": mode})
+        await wait_until(lambda: sources(), lambda s: "backend_observation" not in s, timeout=10.0)
+        for engine in rig.engines:
+            await rig.engine_post(engine, "/tap/metrics", {"mode": "ok"})
+        await wait_until(lambda: sources(), lambda s: s == {"backend_observation"}, timeout=10.0)
+
+    tally, watch = await drive(rig, mixed_agents(turns=10), fault)
+    report(tally)
+    await check_invariants(rig, tally, watch)
