@@ -55,9 +55,8 @@ SLACK = 1.0  # scheduling slack on a loaded 2-core machine, on top of every boun
 
 def client_budget(program: dict[str, Any], router: dict[str, Any]) -> float:
     """The longest a request may take: its pool wait plus every attempt's timeout, plus slack."""
-    return (
-        program["queue_timeout_seconds"] + (router["retry_max_retries"] + 1) * router["request_timeout_secs"]
-    )
+    attempts = int(router["retry_max_retries"]) + 1
+    return float(program["queue_timeout_seconds"]) + attempts * float(router["request_timeout_secs"])
 
 
 async def wait_until(

@@ -28,7 +28,8 @@ async def test_clients_disconnect_while_pooled_streaming_and_between_turns(
 ) -> None:
     rig, _ = await make_rig(program={"token_capacity_per_dp_rank": 700})
     plans = mixed_agents(programs=2, native=2, turns=6)
-    modes: list[Disconnect] = ["streaming"] * 2 + ["between_turns"] * 2 + ["pooled"] * 3
+    modes: list[Disconnect] = ["streaming", "streaming", "between_turns", "between_turns"]
+    modes += ["pooled", "pooled", "pooled"]
     plans += [
         # the pooled ones arrive last, when the others hold the capacity
         AgentPlan(f"d{i}-{mode}", max_tokens=48, disconnect=mode, start_seconds=0.2 * (mode == "pooled"))
