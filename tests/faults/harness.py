@@ -119,6 +119,7 @@ class ForceResumeWatch:
     rig: Rig
     violations: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
+    queued_seen: int = 0  # samples of a paused Program with waiting requests (the check is not vacuous)
 
     async def run(self) -> None:
         tick = self.rig.program["metrics_interval_seconds"]
@@ -131,6 +132,7 @@ class ForceResumeWatch:
                         timeout = p["force_resume_timeout_seconds"]
                         if p["state"] != "paused" or not p["waiting_requests"] or timeout is None:
                             continue
+                        self.queued_seen += 1
                         if (p["queued_seconds"] or 0.0) > timeout + tick + SLACK:
                             self.violations.append({k: p[k] for k in ("program", "queued_seconds")})
             await asyncio.sleep(0.1)
@@ -236,14 +238,21 @@ async def start_rig(
     session: aiohttp.ClientSession,
     *,
     engines: int = 2,
+    data_parallel: int = 1,
     program: dict[str, Any] | None = None,
     **router: Any,
 ) -> tuple[Rig, RunningRouter]:
-    procs = [EngineProcess(ENGINE_FLAGS, tmp_path / f"tap-{i}.jsonl") for i in range(engines)]
-    await asyncio.gather(*(p.start() for p in procs))
+    flags = [*ENGINE_FLAGS, "--data-parallel-size", str(data_parallel)]
+    procs = [EngineProcess(flags, tmp_path / f"tap-{i}.jsonl") for i in range(engines)]
     program = {**PROGRAM, **(program or {})}
-    router = {**ROUTER, **router}
-    running = await make_router([p.url for p in procs], program, **router)
+    router = {**ROUTER, "intra_node_data_parallel_size": data_parallel, **router}
+    try:
+        await asyncio.gather(*(p.start() for p in procs))
+        running = await make_router([p.url for p in procs], program, **router)
+    except BaseException:
+        for proc in procs:
+            await proc.stop()
+        raise
     assert running.metrics_url is not None
     return Rig(procs, running.url, running.metrics_url, session, program, router), running
 

@@ -38,6 +38,7 @@ async def test_clients_disconnect_while_pooled_streaming_and_between_turns(
     tally, watch = await drive(rig, plans, _nothing)
     report(tally)
     await check_invariants(rig, tally, watch)
+    assert watch.queued_seen > 0  # Programs did wait in the pool
     aborted = [r.detail for r in tally.records if r.outcome == "aborted"]
     assert any("mid-stream" in d for d in aborted), aborted
     assert any("while waiting" in d for d in aborted), aborted

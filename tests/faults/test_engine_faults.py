@@ -34,10 +34,12 @@ async def _arrivals_at_least(rig: Rig, index: int, n: int) -> None:
     await wait_until(count, lambda c: c >= n, timeout=15.0)
 
 
+@pytest.mark.parametrize("data_parallel", [1, 2], ids=["dp1", "dp2"])
 async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
-    make_rig: RigFactory, report: Callable[[Tally], None]
+    make_rig: RigFactory, report: Callable[[Tally], None], data_parallel: int
 ) -> None:
-    rig, _ = await make_rig()
+    """SIGKILL one engine process (all its Ranks) while streams run; restart it on the same port."""
+    rig, _ = await make_rig(data_parallel=data_parallel)
     victim = rig.engines[0]
     port = victim.port
 
@@ -56,15 +58,17 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
 
 
 async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
+    """One engine refuses (503, retried elsewhere), the other fails half its requests (500, relayed)."""
     rig, _ = await make_rig()
+    refusing, failing = rig.engines
 
     async def fault() -> None:
         await _arrivals_at_least(rig, 0, 3)
-        for engine in rig.engines:
-            await rig.fault(engine, mode="none", fail_rate=0.5)
-        await _arrivals_at_least(rig, 0, 15)
-        for engine in rig.engines:
-            await rig.fault(engine, mode="none", fail_rate=0.0)
+        await rig.fault(refusing, mode="refuse")
+        await rig.fault(failing, mode="none", fail_rate=0.5)
+        await _arrivals_at_least(rig, 1, 20)
+        await rig.fault(refusing, mode="none")
+        await rig.fault(failing, mode="none", fail_rate=0.0)
 
     tally, watch = await drive(rig, mixed_agents(), fault)
     report(tally)
