@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from integration.helpers import wait_until
 from progrouter.server.runner import RunningRouter
 from support.agents import AgentPlan, Tally, run_agents
 from support.factories import RouterFactory
@@ -57,20 +57,6 @@ def client_budget(program: dict[str, Any], router: dict[str, Any]) -> float:
     """The longest a request may take: its pool wait plus every attempt's timeout, plus slack."""
     attempts = int(router["retry_max_retries"]) + 1
     return float(program["queue_timeout_seconds"]) + attempts * float(router["request_timeout_secs"])
-
-
-async def wait_until(
-    probe: Callable[[], Awaitable[Any]], condition: Callable[[Any], bool], timeout: float
-) -> Any:
-    """Poll ``probe`` until ``condition`` holds; fail with the last value after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    value = await probe()
-    while not condition(value):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout} s; last value: {value!r}")
-        await asyncio.sleep(0.05)
-        value = await probe()
-    return value
 
 
 @dataclass

@@ -14,11 +14,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from integration.helpers import wait_until
 from support.agents import AgentPlan, Tally, body_for, send
 from support.processes import EngineProcess, RouterProcess
 from support.tapped_engine import read_arrivals
 
-from .harness import ENGINE_FLAGS, PROGRAM, SLACK, redispatched_after_bytes, wait_until
+from .harness import ENGINE_FLAGS, PROGRAM, SLACK, redispatched_after_bytes
 
 pytestmark = pytest.mark.timeout(90)
 SLOW = [*ENGINE_FLAGS[:-1], "1"]  # time scale 1: a 120-token stream takes over a second

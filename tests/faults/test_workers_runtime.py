@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 import pytest
 
+from integration.helpers import wait_until
 from support.agents import Tally
 from support.tapped_engine import read_arrivals
 
 from .conftest import RigFactory
-from .harness import Rig, check_invariants, drive, mixed_agents, wait_until
+from .harness import Rig, check_invariants, drive, mixed_agents
 
 pytestmark = pytest.mark.timeout(90)
 
