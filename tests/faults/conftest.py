@@ -6,6 +6,8 @@ the table is printed at the end of the run.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from support.factories import RouterFactory
 from .harness import Rig, start_rig
 
 ROWS: list[str] = []
+# Every Program id and prompt the agents send starts with the agent's name (support.agents.body_for).
+RAW_IDS = re.compile(r"\b[a-z]\d+-(?:agent|native|streaming|pooled|between_turns|drain)\b")
 RigFactory = Callable[..., Awaitable[tuple[Rig, RunningRouter]]]
 
 
@@ -44,6 +48,20 @@ async def make_rig(
     for rig in rigs:
         for engine in rig.engines:
             await engine.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_raw_ids_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The router's log above DEBUG never carries a raw Program id or prompt text, whatever the fault."""
+    caplog.set_level(logging.INFO)
+    yield
+    leaks = [
+        f"{r.levelname} {r.name}: {text[:200]}"
+        for r in caplog.records
+        if r.levelno > logging.DEBUG
+        and RAW_IDS.search(text := r.getMessage() + (caplog.handler.format(r) if r.exc_info else ""))
+    ]
+    assert not leaks, leaks
 
 
 @pytest.fixture

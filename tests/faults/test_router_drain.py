@@ -19,6 +19,7 @@ from support.agents import AgentPlan, Tally, body_for, send
 from support.processes import EngineProcess, RouterProcess
 from support.tapped_engine import read_arrivals
 
+from .conftest import RAW_IDS
 from .harness import ENGINE_FLAGS, PROGRAM, SLACK, redispatched_after_bytes
 
 pytestmark = pytest.mark.timeout(90)
@@ -98,3 +99,4 @@ async def test_sigterm_drains_in_flight_and_pooled_requests(
     pooled = [r for r in tally.records if r.status not in (200, None)]
     assert all(r.status == 503 for r in pooled), [(r.status, r.detail) for r in pooled]
     assert not redispatched_after_bytes(tally, [e.tap_log for e in engines])
+    assert not [line for line in router.output if RAW_IDS.search(line)]  # its log, at INFO
