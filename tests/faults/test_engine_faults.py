@@ -50,6 +50,10 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
         await _arrivals_at_least(rig, 0, 4)
         await victim.kill()
         await wait_until(lambda: _health(rig), lambda s: s == 503, timeout=10.0)
+        _, health = await rig.get_json("/health")
+        assert health["unhealthy_workers"] == [victim.url]
+        ranks = {r["base_url"] for r in (await rig.diagnostics())["ranks"]}
+        assert ranks == {rig.engines[1].url}  # the dead worker's Ranks left the scheduler
         await victim.restart()
         assert victim.port == port
         await wait_until(lambda: _health(rig), lambda s: s == 200, timeout=10.0)
