@@ -238,14 +238,15 @@ def mixed_agents(programs: int = 6, native: int = 2, **plan: Any) -> list[AgentP
 
 
 async def drive(
-    rig: Rig, plans: list[AgentPlan], fault: Callable[[], Awaitable[None]]
+    rig: Rig, plans: list[AgentPlan], fault: Callable[[Tally], Awaitable[None]]
 ) -> tuple[Tally, ForceResumeWatch]:
-    """Run the agents; inject ``fault`` while they run; return how every request ended."""
+    """Run the agents; inject ``fault`` (it sees the live tally) while they run; return how each ended."""
     budget = client_budget(rig.program, rig.router) + SLACK
     async with watching(rig) as watch:
-        load = asyncio.create_task(run_agents(rig.url, plans, budget))
+        tally = Tally()
+        load = asyncio.create_task(run_agents(rig.url, plans, budget, tally))
         try:
-            await fault()
+            await fault(tally)
         finally:
-            tally = await load
+            await load
     return tally, watch

@@ -19,7 +19,7 @@ from .harness import check_invariants, drive, mixed_agents
 pytestmark = pytest.mark.timeout(90)
 
 
-async def _nothing() -> None:
+async def _nothing(_: Tally) -> None:
     return None
 
 

@@ -46,8 +46,15 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
     victim = rig.engines[0]
     port = victim.port
 
-    async def fault() -> None:
-        await _arrivals_at_least(rig, 0, 4)
+    async def fault(tally: Tally) -> None:
+        async def streaming_from_victim() -> bool:
+            on_victim = {a["id"] for a in read_arrivals(victim.tap_log)}
+            return any(
+                r.stream and r.first_byte is not None and r.elapsed is None and r.rid in on_victim
+                for r in tally.records
+            )
+
+        await wait_until(streaming_from_victim, bool, timeout=15.0)  # a stream from it is being relayed
         await victim.kill()
         await wait_until(lambda: _health(rig), lambda s: s == 503, timeout=10.0)
         _, health = await rig.get_json("/health")
@@ -58,10 +65,11 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
         assert victim.port == port
         await wait_until(lambda: _health(rig), lambda s: s == 200, timeout=10.0)
 
-    tally, watch = await drive(rig, mixed_agents(turns=10), fault)
+    tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=64), fault)
     report(tally)
     await check_invariants(rig, tally, watch)
     assert tally.counts()["completed"] > 0
+    assert any("broken off" in r.detail for r in tally.records)  # the kill did cut a relayed stream
 
 
 async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
@@ -69,7 +77,7 @@ async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) 
     rig, _ = await make_rig()
     refusing, failing = rig.engines
 
-    async def fault() -> None:
+    async def fault(_: Tally) -> None:
         await _arrivals_at_least(rig, 0, 3)
         await rig.fault(refusing, mode="refuse")
         await rig.fault(failing, mode="none", fail_rate=0.5)
@@ -89,7 +97,7 @@ async def test_stall_longer_than_the_request_timeout(
 ) -> None:
     rig, _ = await make_rig(request_timeout_secs=2.0)
 
-    async def fault() -> None:
+    async def fault(_: Tally) -> None:
         await _arrivals_at_least(rig, 0, 3)
         await rig.fault(rig.engines[0], mode="stall")
         await asyncio.sleep(3.0)  # the fault's length, not an assertion: the stall outlasts the timeout
@@ -103,7 +111,7 @@ async def test_stall_longer_than_the_request_timeout(
 async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
     rig, _ = await make_rig()
 
-    async def fault() -> None:
+    async def fault(_: Tally) -> None:
         await _arrivals_at_least(rig, 0, 3)
         await rig.fault(rig.engines[0], mode="cut_streams")
         await _arrivals_at_least(rig, 0, 12)
@@ -120,7 +128,7 @@ async def test_metrics_outage_and_recovery(make_rig: RigFactory, report: Callabl
     async def sources() -> set[str]:
         return {r["capacity_accounting_source"] for r in (await rig.diagnostics())["ranks"]}
 
-    async def fault() -> None:
+    async def fault(_: Tally) -> None:
         await _arrivals_at_least(rig, 0, 3)
         for engine, mode in zip(rig.engines, ("fail", "hang"), strict=True):
             await rig.engine_post(engine, "/tap/metrics", {"mode": mode})

@@ -35,7 +35,7 @@ async def test_worker_removed_and_re_added_at_runtime(
     async def ranks() -> set[str]:
         return {r["base_url"] for r in (await rig.diagnostics())["ranks"]}
 
-    async def fault() -> None:
+    async def fault(_: Tally) -> None:
         async def seen() -> int:
             return len(read_arrivals(worker.tap_log))
 

@@ -40,7 +40,7 @@ class Record:
     outcome: str = "lost"
     detail: str = "no answer"
     first_byte: float | None = None  # monotonic time the first body byte reached this client
-    elapsed: float = 0.0
+    elapsed: float | None = None  # None while the request is still going on
 
 
 @dataclass
@@ -202,7 +202,5 @@ async def run_agent(url: str, plan: AgentPlan, tally: Tally, budget: float) -> N
             await asyncio.sleep(plan.think_seconds)
 
 
-async def run_agents(url: str, plans: list[AgentPlan], budget: float) -> Tally:
-    tally = Tally()
+async def run_agents(url: str, plans: list[AgentPlan], budget: float, tally: Tally) -> None:
     await asyncio.gather(*(run_agent(url, plan, tally, budget) for plan in plans))
-    return tally
