@@ -106,6 +106,7 @@ async def test_stall_longer_than_the_request_timeout(
     tally, watch = await drive(rig, mixed_agents(turns=8), fault)
     report(tally)
     await check_invariants(rig, tally, watch)
+    assert any(r.status in (504, 200) and r.outcome == "error" for r in tally.records)  # timed out
 
 
 async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
@@ -120,6 +121,7 @@ async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]
     tally, watch = await drive(rig, mixed_agents(turns=8), fault)
     report(tally)
     await check_invariants(rig, tally, watch)
+    assert any("broken off" in r.detail for r in tally.records)  # streams were cut after bytes
 
 
 async def test_metrics_outage_and_recovery(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
