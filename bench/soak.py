@@ -3,8 +3,8 @@
 `progrouter serve` (Program scheduling on) runs in its own process in front of one `progrouter engine`
 process (two Ranks, high time scale); the load generator runs in this one. What is measured is the router's
 process: RSS (``/proc/<pid>/status``), open descriptors (``/proc/<pid>/fd``), event-loop lag (the latency of
-``GET /liveness``, probed every 50 ms, whose handler does nothing: what it takes is time waiting for the
-loop), and the p99 latency of the load's requests, one row per interval.
+``GET /liveness``, probed every 50 ms from a process of its own, whose handler does nothing: what it takes is
+time waiting for the router's loop), and the p99 latency of the load's requests, one row per interval.
 
 Modes:
 - ``distinct`` (default): ``--programs`` distinct Programs (100,000), ``--turns`` requests each, streaming
@@ -174,16 +174,37 @@ async def request(
     totals.requests += 1
 
 
-async def probe_liveness(session: aiohttp.ClientSession, url: str, window: Window) -> None:
+def probe_forever(url: str) -> None:
+    """The lag probe, in its own process so the load generator's busy loop does not count: one
+    ``GET /liveness`` every 50 ms on a kept-alive connection, its latency in ms on stdout."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
     while True:
         start = time.perf_counter()
         try:
-            async with session.get(url + "/liveness") as r:
-                await r.read()
-        except aiohttp.ClientError:
-            pass
-        window.liveness.append(time.perf_counter() - start)
-        await asyncio.sleep(0.05)
+            conn.request("GET", "/liveness")
+            conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+        print(f"{(time.perf_counter() - start) * 1e3:.3f}", flush=True)
+        time.sleep(0.05)
+
+
+async def probe_liveness(url: str, window: Window) -> None:
+    """Run ``probe_forever`` in a subprocess and collect its latencies (in seconds) into the window."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--probe", url, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        while line := await proc.stdout.readline():
+            window.liveness.append(float(line) / 1e3)
+    finally:
+        proc.kill()
+        await proc.wait()
 
 
 def p99_ms(values: list[float]) -> float:
@@ -352,7 +373,7 @@ async def run(args: argparse.Namespace) -> None:
                 flush=True,
             )
             background = [
-                asyncio.create_task(probe_liveness(session, fleet.url, window)),
+                asyncio.create_task(probe_liveness(fleet.url, window)),
                 asyncio.create_task(report_rows(fleet, window, totals, started, args.interval, rows)),
             ]
             if args.mode == "overload":
@@ -385,7 +406,7 @@ def summarize(
         return
     warm = next((r for r in rows if r.programs >= args.warmup_programs), rows[0])
     last = rows[-1]
-    if last.programs > warm.programs:
+    if args.mode != "overload" and last.programs > warm.programs:
         growth = (last.rss - warm.rss) / (last.programs - warm.programs) * 100_000
         print(
             f"RSS {rows[0].rss:.1f} MB -> {warm.rss:.1f} MB after warm-up ({warm.programs} Programs)"
@@ -418,7 +439,7 @@ def main() -> int:
     parser.add_argument("--mode", choices=["distinct", "steady", "overload"], default="distinct")
     parser.add_argument("--programs", type=int, default=100_000, help="distinct mode: Programs in all")
     parser.add_argument("--minutes", type=float, default=30.0, help="steady mode: how long")
-    parser.add_argument("--turns", type=int, default=1, help="requests per Program (overload: 3)")
+    parser.add_argument("--turns", type=int, default=1, help="requests per Program (overload: 8)")
     parser.add_argument("--concurrency", type=int, default=32, help="agents at a time (not overload)")
     parser.add_argument("--overload-factor", type=int, default=10)
     parser.add_argument("--time-scale", type=float, default=1000.0, help="the engine's time scale")
@@ -427,11 +448,15 @@ def main() -> int:
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--program-config", default=None, help="JSON merged over the mode's config")
     parser.add_argument("--log-dir", default="bench-reports/soak")
+    parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe is not None:
+        probe_forever(args.probe)
+        return 0
     base = OVERLOAD_CONFIG if args.mode == "overload" else DISTINCT_CONFIG
     args.program = {**base, **json.loads(args.program_config or "{}")}
     if args.mode == "overload" and args.turns == 1:
-        args.turns = 3
+        args.turns = 8
     import uvloop
 
     uvloop.run(run(args))
