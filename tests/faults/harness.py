@@ -238,9 +238,14 @@ def mixed_agents(programs: int = 6, native: int = 2, **plan: Any) -> list[AgentP
 
 
 async def drive(
-    rig: Rig, plans: list[AgentPlan], fault: Callable[[Tally], Awaitable[None]]
+    rig: Rig,
+    plans: list[AgentPlan],
+    fault: Callable[[Tally], Awaitable[None]],
+    report: Callable[[Tally], None],
 ) -> tuple[Tally, ForceResumeWatch]:
-    """Run the agents; inject ``fault`` (it sees the live tally) while they run; return how each ended."""
+    """Run the agents; inject ``fault`` (it sees the live tally) while they run; return how each ended.
+
+    The tally is reported even when the fault step fails, so the scenario table always has its row."""
     budget = client_budget(rig.program, rig.router) + SLACK
     async with watching(rig) as watch:
         tally = Tally()
@@ -249,4 +254,5 @@ async def drive(
             await fault(tally)
         finally:
             await load
+            report(tally)
     return tally, watch

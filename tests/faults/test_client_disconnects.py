@@ -35,8 +35,7 @@ async def test_clients_disconnect_while_pooled_streaming_and_between_turns(
         AgentPlan(f"d{i}-{mode}", max_tokens=48, disconnect=mode, start_seconds=0.2 * (mode == "pooled"))
         for i, mode in enumerate(modes)
     ]
-    tally, watch = await drive(rig, plans, _nothing)
-    report(tally)
+    tally, watch = await drive(rig, plans, _nothing, report)
     await check_invariants(rig, tally, watch)
     assert watch.queued_seen > 0  # Programs did wait in the pool
     aborted = [r.detail for r in tally.records if r.outcome == "aborted"]

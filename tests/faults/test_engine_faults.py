@@ -65,8 +65,7 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
         assert victim.port == port
         await wait_until(lambda: _health(rig), lambda s: s == 200, timeout=10.0)
 
-    tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=64), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=64), fault, report)
     await check_invariants(rig, tally, watch)
     assert tally.counts()["completed"] > 0
     assert any("broken off" in r.detail for r in tally.records)  # the kill did cut a relayed stream
@@ -85,8 +84,7 @@ async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) 
         await rig.fault(refusing, mode="none")
         await rig.fault(failing, mode="none", fail_rate=0.0)
 
-    tally, watch = await drive(rig, mixed_agents(), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(), fault, report)
     await check_invariants(rig, tally, watch)
     statuses = {r.status for r in tally.records if r.outcome == "error"}
     assert statuses and statuses <= {500, 502, 503, 504}, statuses
@@ -103,8 +101,7 @@ async def test_stall_longer_than_the_request_timeout(
         await asyncio.sleep(3.0)  # the fault's length, not an assertion: the stall outlasts the timeout
         await rig.fault(rig.engines[0], mode="none")
 
-    tally, watch = await drive(rig, mixed_agents(turns=8), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(turns=8), fault, report)
     await check_invariants(rig, tally, watch)
     assert any(r.status in (504, 200) and r.outcome == "error" for r in tally.records)  # timed out
 
@@ -118,8 +115,7 @@ async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]
         await _arrivals_at_least(rig, 0, 12)
         await rig.fault(rig.engines[0], mode="none")
 
-    tally, watch = await drive(rig, mixed_agents(turns=8), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(turns=8), fault, report)
     await check_invariants(rig, tally, watch)
     assert any("broken off" in r.detail for r in tally.records)  # streams were cut after bytes
 
@@ -139,6 +135,5 @@ async def test_metrics_outage_and_recovery(make_rig: RigFactory, report: Callabl
             await rig.engine_post(engine, "/tap/metrics", {"mode": "ok"})
         await wait_until(lambda: sources(), lambda s: s == {"backend_observation"}, timeout=10.0)
 
-    tally, watch = await drive(rig, mixed_agents(turns=10), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(turns=10), fault, report)
     await check_invariants(rig, tally, watch)

@@ -91,7 +91,7 @@ async def test_sigterm_drains_in_flight_and_pooled_requests(
             code = await router.wait(timeout=budget + SLACK)
     finally:
         await router.stop()
-    report(tally)
+        report(tally)
     assert code == 0, "".join(router.output[-20:])
     assert not tally.lost(), [(r.rid, r.detail) for r in tally.lost()]
     relayed = [r for r in tally.records if r.first_byte is not None and r.status == 200]

@@ -47,6 +47,5 @@ async def test_worker_removed_and_re_added_at_runtime(
         await wait_until(ranks, lambda r: worker.url in r, timeout=5.0)
         await wait_until(seen, lambda n: n > before, timeout=15.0)  # it serves again
 
-    tally, watch = await drive(rig, mixed_agents(turns=12), fault)
-    report(tally)
+    tally, watch = await drive(rig, mixed_agents(turns=12), fault, report)
     await check_invariants(rig, tally, watch)
