@@ -19,7 +19,6 @@ from support.tapped_engine import READY
 
 TAPPED_ENGINE = Path(__file__).with_name("tapped_engine.py")
 _ROUTER_URL = re.compile(r"progrouter listening on (http://\S+)")
-_METRICS_URL = re.compile(r"metrics (http://\S+/metrics)")
 
 
 async def _wait_for_line(
@@ -134,7 +133,7 @@ class EngineProcess(_Child):
 
 
 class RouterProcess(_Child):
-    """``progrouter serve`` on a free port with its Prometheus listener on another."""
+    """``progrouter serve`` on a free port (its Prometheus listener on another) with Program scheduling."""
 
     def __init__(self, worker_urls: list[str], program: dict[str, Any], **flags: Any) -> None:
         super().__init__()
@@ -144,11 +143,7 @@ class RouterProcess(_Child):
         for name, value in flags.items():
             self.argv += ["--" + name.replace("_", "-"), str(value)]
         self.url = ""
-        self.metrics_url = ""
 
     async def start(self) -> RouterProcess:
-        match = await self._spawn(self.argv, _ROUTER_URL)
-        self.url = match.group(1)
-        metrics = _METRICS_URL.search(match.string)
-        self.metrics_url = metrics.group(1) if metrics else ""
+        self.url = (await self._spawn(self.argv, _ROUTER_URL)).group(1)
         return self
