@@ -135,7 +135,7 @@ class Window:
 
 @dataclass
 class Totals:
-    programs: int = 0
+    programs: int = 0  # distinct Programs so far
     requests: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     retry_after: int = 0
@@ -286,6 +286,7 @@ async def steady(
     """Returning Programs (a working set of 1,000), new Programs, and native requests, for ``--minutes``."""
     end = time.monotonic() + args.minutes * 60
     fresh = itertools.count()
+    seen: set[str] = set()  # the working set's ids sent so far (at most 1,000)
 
     async def agent(n: int) -> None:
         for k in itertools.count():
@@ -295,9 +296,12 @@ async def steady(
                 await request(session, url, body(None, k % 3, k % 2 == 0), window, totals)
                 continue
             program = f"steady-{(n * 131 + k) % 1000}" if k % 3 else f"new-{next(fresh)}"
+            if program not in seen:
+                totals.programs += 1
+                if program.startswith("steady-"):
+                    seen.add(program)
             for turn in range(args.turns):
                 await request(session, url, body(program, turn, (k + turn) % 2 == 0), window, totals)
-            totals.programs += 1
 
     await asyncio.gather(*(agent(n) for n in range(args.concurrency)))
 
@@ -400,7 +404,7 @@ def summarize(
     metrics: dict[str, list[Any]],
     seconds: float,
 ) -> None:
-    print(f"\n{totals.requests} requests, {totals.programs} Programs in {seconds:.0f} s;"
+    print(f"\n{totals.requests} requests, {totals.programs} distinct Programs in {seconds:.0f} s;"
           f" statuses {dict(sorted(totals.statuses.items()))}")  # fmt: skip
     if not rows:
         return
