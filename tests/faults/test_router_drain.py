@@ -70,11 +70,6 @@ async def test_sigterm_drains_in_flight_and_pooled_requests(
             async def streaming() -> int:
                 return sum(len(read_arrivals(e.tap_log)) for e in engines)
 
-            await wait_until(streaming, lambda n: n >= 4, timeout=15.0)
-            async with session.get(router.url + "/scheduling/diagnostics") as r:
-                assert (await r.json())["retained_requests"] > 0  # some requests wait in the pool
-            await router.signal(signal.SIGTERM)
-
             async def readiness() -> int:
                 try:
                     async with session.get(router.url + "/readiness") as r:
@@ -82,12 +77,17 @@ async def test_sigterm_drains_in_flight_and_pooled_requests(
                 except aiohttp.ClientError:
                     return -1  # not listening any more: no drain at all
 
-            assert await wait_until(readiness, lambda s: s == 503, timeout=2.0) == 503
-            late = await send(
-                session, router.url, body_for(plans[0], 1, False), program=True, budget=budget, tally=tally
-            )
-            assert late.status == 503, (late.status, late.detail)
-            await asyncio.gather(*load)
+            try:
+                await wait_until(streaming, lambda n: n >= 4, timeout=15.0)
+                async with session.get(router.url + "/scheduling/diagnostics") as r:
+                    assert (await r.json())["retained_requests"] > 0  # some requests wait in the pool
+                await router.signal(signal.SIGTERM)
+                assert await wait_until(readiness, lambda s: s == 503, timeout=2.0) == 503
+                turn = body_for(plans[0], 1, False)
+                late = await send(session, router.url, turn, program=True, budget=budget, tally=tally)
+                assert late.status == 503, (late.status, late.detail)
+            finally:  # whatever failed above, every request sent ends (and is counted) as it really does
+                await asyncio.gather(*load)
             code = await router.wait(timeout=budget + SLACK)
     finally:
         await router.stop()
