@@ -115,7 +115,7 @@ async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]
 
         await _arrivals_at_least(rig, 0, 3)
         await rig.fault(rig.engines[0], mode="cut_streams")
-        await wait_until(broken, lambda n: n >= 2, timeout=15.0)  # streams were cut after bytes
+        await wait_until(broken, lambda n: n >= 1, timeout=15.0)  # a stream was cut after bytes
         await rig.fault(rig.engines[0], mode="none")
 
     tally, watch = await drive(rig, mixed_agents(turns=8), fault, report)

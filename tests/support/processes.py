@@ -12,8 +12,11 @@ import json
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from support.tapped_engine import READY
 
@@ -145,5 +148,16 @@ class RouterProcess(_Child):
         self.url = ""
 
     async def start(self) -> RouterProcess:
+        """Start it; wait (30 s at most) for ``/readiness`` 200: it listens before its workers answer."""
         self.url = (await self._spawn(self.argv, _ROUTER_URL)).group(1)
-        return self
+        deadline = time.monotonic() + 30.0
+        async with aiohttp.ClientSession() as session:
+            while True:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(self.url + "/readiness") as r:
+                        if r.status == 200:
+                            return self
+                if time.monotonic() > deadline:
+                    await self.stop()
+                    raise RuntimeError("router not ready within 30 s:\n" + "".join(self.output))
+                await asyncio.sleep(0.05)
