@@ -5,8 +5,8 @@ After the load of a scenario, ``check_invariants`` asserts, with bounded polling
 2. no request reached an engine after bytes of its answer had reached the client (engine tap vs. client);
 3. the ledger's charged tokens, the RequestPool, in-flight counts and the ``vllm_router_agent_aware_*``
    gauges return to zero (``/scheduling/diagnostics`` and the router's Prometheus scrape);
-4. no Program stayed paused with waiting requests past its force-resume deadline plus one tick (sampled
-   throughout the load by ``ForceResumeWatch``);
+4. no Program stayed paused with waiting requests past its force-resume deadline plus one tick, on a Rank
+   whose vLLM waiting gate is open (sampled throughout the load by ``ForceResumeWatch``);
 5. ``/health`` and the diagnostics' Ranks agree with which engines are up.
 """
 
@@ -114,6 +114,8 @@ class ForceResumeWatch:
                 d = await self.rig.diagnostics()
                 self.samples += 1
                 for rank in d["ranks"]:
+                    if _gated(rank, self.rig.program):
+                        continue  # the vLLM waiting gate blocks even a forced resume (as upstream)
                     for p in rank["programs"]:
                         timeout = p["force_resume_timeout_seconds"]
                         if p["state"] != "paused" or not p["waiting_requests"] or timeout is None:
@@ -122,6 +124,13 @@ class ForceResumeWatch:
                         if (p["queued_seconds"] or 0.0) > timeout + tick + SLACK:
                             self.violations.append({k: p[k] for k in ("program", "queued_seconds")})
             await asyncio.sleep(0.1)
+
+
+def _gated(rank: dict[str, Any], program: dict[str, Any]) -> bool:
+    """Whether the Rank's observed vLLM waiting count closes its waiting gate."""
+    threshold = int(program.get("admission_waiting_request_threshold", 1))
+    waiting = rank["vllm_waiting_requests"]
+    return threshold > 0 and waiting is not None and waiting >= threshold
 
 
 @contextlib.asynccontextmanager

@@ -1,6 +1,6 @@
 """Clients that go away: while their request is pooled, in the middle of a stream, and between turns.
 
-Room for about one Program per Rank, eight Program agents: most requests wait in the RequestPool, so the
+Room for one Program per Rank, nine Program agents: most requests wait in the RequestPool, so the
 "pooled" hang-ups land there. An agent that leaves between turns never comes back, its Program still
 Active: its capacity must come back through the acting TTL, not stay charged.
 """
@@ -26,7 +26,7 @@ async def _nothing(_: Tally) -> None:
 async def test_clients_disconnect_while_pooled_streaming_and_between_turns(
     make_rig: RigFactory, report: Callable[[Tally], None]
 ) -> None:
-    rig, _ = await make_rig(program={"token_capacity_per_dp_rank": 700})
+    rig, _ = await make_rig(program={"token_capacity_per_dp_rank": 450})
     plans = mixed_agents(programs=2, native=2, turns=6)
     modes: list[Disconnect] = ["streaming", "streaming", "between_turns", "between_turns"]
     modes += ["pooled", "pooled", "pooled"]

@@ -8,6 +8,7 @@ and non-streaming turns, injects its fault while they run, and then checks every
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -87,7 +88,9 @@ async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) 
     tally, watch = await drive(rig, mixed_agents(), fault, report)
     await check_invariants(rig, tally, watch)
     statuses = {r.status for r in tally.records if r.outcome == "error"}
-    assert statuses and statuses <= {500, 502, 503, 504}, statuses
+    assert statuses <= {500, 502, 503, 504}, statuses
+    arrivals = Counter(a["id"] for e in rig.engines for a in read_arrivals(e.tap_log))
+    assert max(arrivals.values()) > 1  # failed attempts were sent again (before any byte was relayed)
 
 
 async def test_stall_longer_than_the_request_timeout(
