@@ -50,10 +50,15 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
     async def fault(tally: Tally) -> None:
         async def streaming_from_victim() -> bool:
             on_victim = {a["id"] for a in read_arrivals(victim.tap_log)}
-            return any(
+            relaying = any(
                 r.stream and r.first_byte is not None and r.elapsed is None and r.rid in on_victim
                 for r in tally.records
             )
+            if not relaying:
+                return False
+            async with rig.session.get(victim.url + "/server_info") as r:  # still generating, not just sent
+                running: int = sum(rank["running"] for rank in (await r.json())["ranks"])
+            return running > 0
 
         await wait_until(streaming_from_victim, bool, timeout=15.0)  # a stream from it is being relayed
         await victim.kill()
@@ -66,7 +71,7 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
         assert victim.port == port
         await wait_until(lambda: _health(rig), lambda s: s == 200, timeout=10.0)
 
-    tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=64), fault, report)
+    tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=160), fault, report)
     await check_invariants(rig, tally, watch)
     assert tally.counts()["completed"] > 0
     assert any("broken off" in r.detail for r in tally.records)  # the kill did cut a relayed stream
