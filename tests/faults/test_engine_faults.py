@@ -74,7 +74,9 @@ async def test_rank_killed_mid_stream_and_restarted_on_the_same_port(
     tally, watch = await drive(rig, mixed_agents(turns=10, max_tokens=160), fault, report)
     await check_invariants(rig, tally, watch)
     assert tally.counts()["completed"] > 0
-    assert any("broken off" in r.detail for r in tally.records)  # the kill did cut a relayed stream
+    # The kill cut work in flight: a relayed stream broke, or an attempt was sent again elsewhere.
+    arrivals = Counter(a["id"] for e in rig.engines for a in read_arrivals(e.tap_log))
+    assert any("broken off" in r.detail for r in tally.records) or max(arrivals.values()) > 1
 
 
 async def test_5xx_burst(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
