@@ -26,7 +26,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -38,6 +38,7 @@ from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.server.circuit_breaker import Breakers
 from progrouter.server.errors import json_error
+from progrouter.server.event_feed import EventFeed
 from progrouter.server.gate import ProgramGate, ProgramTicket
 from progrouter.server.headers import request_headers, response_headers
 from progrouter.server.limiter import InboundLimiter, Rejected
@@ -46,6 +47,9 @@ from progrouter.server.request_id import HEADER as REQUEST_ID_HEADER
 from progrouter.server.request_id import REQUEST_ID
 from progrouter.server.retry import RetryPolicy, is_retryable
 from progrouter.server.state import STATE_KEY, RouterState
+
+if TYPE_CHECKING:
+    from progrouter.server.dashboard_summary import Summary
 
 log = logging.getLogger("progrouter.proxy")
 
@@ -121,6 +125,13 @@ class AvailableTargetsGate:
 
     def shed_waiting(self) -> int:
         return self._gate.shed_waiting()
+
+    def summary(self) -> Summary:
+        return self._gate.summary()
+
+    @property
+    def feed(self) -> EventFeed:
+        return self._gate.feed
 
 
 class AttemptFailed(Exception):
