@@ -377,6 +377,7 @@ class RouterConfig(_Strict):
     log_format: Literal["text", "json"] = "text"
     # Where GET /dashboard is served: the router's listener, the Prometheus listener, or nowhere.
     dashboard: Literal["router", "prometheus", "off"] = "router"
+    otlp_traces_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces
 
     program_scheduling: ProgramSchedulingConfig | None = None
 

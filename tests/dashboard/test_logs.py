@@ -12,7 +12,7 @@ import pytest
 
 from integration.helpers import CAPACITY, program_body, words
 from progrouter.config import RouterConfig
-from progrouter.server.logs import configure_logging
+from progrouter.server.logs import setup_telemetry
 from support.factories import EngineFactory, RouterFactory
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def json_log() -> Iterator[io.StringIO]:
-    """The root logger as ``configure_logging`` sets it up for ``--log-format json``, into a buffer."""
+    """The root logger as ``setup_telemetry`` sets it up for ``--log-format json``, into a buffer."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
-    configure_logging(RouterConfig(worker_urls=["http://127.0.0.1:1"], log_format="json", log_level="debug"))
+    setup_telemetry(RouterConfig(worker_urls=["http://127.0.0.1:1"], log_format="json", log_level="debug"))
     buffer = io.StringIO()
     (handler,) = root.handlers
     assert isinstance(handler, logging.StreamHandler)
