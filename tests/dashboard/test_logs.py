@@ -12,7 +12,7 @@ import pytest
 
 from integration.helpers import CAPACITY, program_body, words
 from progrouter.config import RouterConfig
-from progrouter.server.logs import setup_telemetry
+from progrouter.server.telemetry import setup_telemetry
 from support.factories import EngineFactory, RouterFactory
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,8 +23,8 @@ from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerState
 from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
-from progrouter.server.drain import drain_middleware
 from progrouter.server.dashboard import install_dashboard
+from progrouter.server.drain import drain_middleware
 from progrouter.server.errors import json_error, json_errors, json_response
 from progrouter.server.gate import build_program_gate
 from progrouter.server.headers import header_hygiene

@@ -14,6 +14,8 @@ import importlib.util
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
+from progrouter.config import ConfigError
+
 SPAN_NAME = "progrouter.request"
 _tracer: Any = None  # an opentelemetry Tracer once configured
 
@@ -29,7 +31,7 @@ def configure(endpoint: str | None, exporter: Any = None) -> None:
         _tracer = None
         return
     if not available():
-        raise RuntimeError("--otlp-traces-endpoint needs OpenTelemetry: pip install 'progrouter[otel]'")
+        raise ConfigError("otlp_traces_endpoint needs OpenTelemetry: pip install 'progrouter[otel]'")
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
