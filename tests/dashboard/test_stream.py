@@ -9,7 +9,9 @@ import aiohttp
 import pytest
 
 from integration.helpers import CAPACITY, program_body, wait_until, words
+from progrouter.server.drain import drain
 from progrouter.server.runner import RunningRouter
+from progrouter.server.state import STATE_KEY
 from support.factories import EngineFactory, RouterFactory
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,3 +102,14 @@ async def test_without_program_scheduling_the_stream_says_so(
     router = await make_router([engine.url])
     push = await first_push(client, router.url + "/dashboard/stream")
     assert push["enabled"] is False
+
+
+async def test_a_drain_ends_open_streams_instead_of_waiting_on_them(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine()
+    router = await make_router([engine.url], PROGRAM)
+    async with client.get(router.url + "/dashboard/stream") as response:
+        assert (await response.content.readline()).startswith(b"data: ")
+        assert await drain(router.app[STATE_KEY], 30.0)  # False would mean the stream held the drain
+        assert await response.content.read() is not None  # the stream ends

@@ -106,7 +106,7 @@ async def handle_stream(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
     await response.prepare(request)
-    while not hub.stopping.is_set():
+    while not (hub.stopping.is_set() or hub.state.draining):  # a drain never waits on a viewer
         payload, after = hub.push(page, size, state, after)
         await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
         try:
