@@ -74,7 +74,9 @@ def _row(core: Core, program: Program, now: float) -> dict[str, Any]:
         "state": shown_state(core, program),
         "rank": program.last_target,
         "context_tokens": program.estimated_context_tokens,
-        "ttl_left_seconds": _remaining(program.ttl_deadline, now),
+        "ttl_left_seconds": None
+        if program.acting_ttl is None
+        else _remaining(program.acting_ttl.deadline, now),
         "pooled_requests": core.pool.waiting(program),
         "age_seconds": max(0.0, now - program.created_at),
     }
