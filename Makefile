@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv upstream demo test lint typecheck unit test-vllm vllm-env bench clean
+.PHONY: venv upstream demo test test-deps lint typecheck unit test-vllm vllm-env bench clean
 
 # The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
 # its own venv, never a dependency of the product.
@@ -40,7 +40,13 @@ typecheck: $(STAMP)
 unit: $(STAMP) $(UPSTREAM_STAMP)
 	$(PY) -m pytest -q
 
-test: lint typecheck unit
+# The browser and promtool the dashboard and deploy/ tests use (Debian packages; CI runs as root).
+test-deps:
+	@command -v chromium >/dev/null && command -v promtool >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    chromium prometheus)
+
+test: test-deps lint typecheck unit
 
 vllm-env:
 	bash scripts/vllm-cpu-env

@@ -108,3 +108,15 @@ def test_the_simulator_probe_sees_a_shell() -> None:
     probe = "import sys, progrouter.sim.cli; print('rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_top_is_a_client_of_the_stream_only() -> None:
+    """`progrouter top` reads the dashboard stream over HTTP; it imports no router or scheduler code."""
+    imported = {name for name in _imports(SRC / "server" / "top.py") if name.startswith("progrouter")}
+    assert not imported, imported
+
+
+def test_only_the_dashboard_summary_reaches_into_the_scheduler() -> None:
+    """The dashboard reads scheduler state in one place, read-only (``dashboard_summary.py``)."""
+    readers = [p.name for p in sorted((SRC / "server").glob("*.py")) if "._core" in p.read_text()]
+    assert readers == ["dashboard_summary.py"], readers

@@ -374,6 +374,10 @@ class RouterConfig(_Strict):
     prometheus_port: int | None = Field(default=29000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     log_dir: str | None = None
+    log_format: Literal["text", "json"] = "text"
+    # Where GET /dashboard is served: the router's listener, the Prometheus listener, or nowhere.
+    dashboard: Literal["router", "prometheus", "off"] = "router"
+    otlp_traces_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces
 
     program_scheduling: ProgramSchedulingConfig | None = None
 

@@ -23,6 +23,7 @@ from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerState
 from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
+from progrouter.server.dashboard import install_dashboard
 from progrouter.server.drain import drain_middleware
 from progrouter.server.errors import json_error, json_errors, json_response
 from progrouter.server.gate import build_program_gate
@@ -283,6 +284,8 @@ def build_app(
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/scheduling/diagnostics", handle_diagnostics)
     add_admin_routes(app)
+    if config.dashboard == "router":
+        install_dashboard(app, app)
     for route in sorted(PROXIED_ROUTES):
         app.router.add_post(route, handle_post)
     app.router.add_route("*", "/{tail:.*}", _not_found)

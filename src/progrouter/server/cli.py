@@ -181,6 +181,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--log-level", "log level", choices=_LOG_LEVELS)
     a("--log-dir", "also write a rotating log file (progrouter.log) in this directory")
+    # Operators' views, progrouter's own (docs/dashboard.md)
+    a("--log-format", "text, or json: one object per line", choices=["text", "json"])
+    a("--dashboard", "where GET /dashboard is served", choices=["router", "prometheus", "off"])
+    a("--otlp-traces-endpoint", "OpenTelemetry OTLP/HTTP traces URL (needs progrouter[otel])", metavar="URL")
     # Program scheduling
     flag("--enable-program-scheduling", "schedule requests that carry Program metadata")
     a(
@@ -272,12 +276,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"progrouter serve: {exc}", file=sys.stderr)
         return 2
     from progrouter.server.lifecycle import serve
-    from progrouter.server.logs import configure_logging
+    from progrouter.server.telemetry import setup_telemetry
 
     try:
-        configure_logging(config.log_level, config.log_dir)
+        setup_telemetry(config)
     except OSError as exc:
         print(f"progrouter serve: log_dir: cannot write logs in {config.log_dir}: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:  # e.g. tracing asked for without the otel extra
+        print(f"progrouter serve: {exc}", file=sys.stderr)
         return 2
     try:
         return _event_loop_runner()(serve(config))

@@ -8,7 +8,7 @@ Typed as protocols so the proxy depends on the contract, not on the scheduler.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -16,6 +16,10 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import RouterConfig
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
+from progrouter.server.event_feed import EventFeed
+
+if TYPE_CHECKING:
+    from progrouter.server.dashboard_summary import Summary
 
 
 class ProgramTicket(Protocol):
@@ -35,6 +39,9 @@ class ProgramGate(Protocol):
     ) -> ProgramTicket | None: ...
     def diagnostics(self) -> dict[str, Any]: ...
     def shed_waiting(self) -> int: ...
+    def summary(self) -> Summary: ...
+    @property
+    def feed(self) -> EventFeed: ...
 
 
 def build_program_gate(

@@ -7,14 +7,19 @@ import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from progrouter.server.log_format import TEXT_FORMAT
+from progrouter.server.request_id import RequestIdFilter
+
 LOG_FILE_NAME = "progrouter.log"
 LOG_FILE_BYTES = 50 * 1024 * 1024
 LOG_FILE_BACKUPS = 5
 
 
-def configure_logging(level: str, log_dir: str | None) -> Path | None:
-    """Root logging at ``level`` to stderr and, with ``log_dir``, to ``log_dir/progrouter.log``.
+def configure_logging(
+    level: str, log_dir: str | None, formatter: logging.Formatter | None = None
+) -> Path | None:
+    """Root logging at ``level`` to stderr and, with ``log_dir``, to ``log_dir/progrouter.log``, each line
+    with its request id (``formatter``: text by default, see ``log_format.py``).
 
     The file rotates at 50 MiB and keeps 5 old files, so a long-running router never fills the disk.
     Returns the log file's path (None without ``log_dir``).
@@ -27,5 +32,8 @@ def configure_logging(level: str, log_dir: str | None) -> Path | None:
         handlers.append(
             RotatingFileHandler(path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
         )
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, handlers=handlers, force=True)
+    for handler in handlers:
+        handler.addFilter(RequestIdFilter())
+        handler.setFormatter(formatter or logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=handlers, force=True)
     return path

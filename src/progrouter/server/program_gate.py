@@ -42,6 +42,8 @@ from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
+from progrouter.server.dashboard_summary import Summary
+from progrouter.server.event_feed import EventFeed
 from progrouter.server.program_metrics import PrometheusObserver
 
 log = logging.getLogger("progrouter.program.gate")
@@ -236,6 +238,14 @@ class ProgramGate:
         snapshot = self.scheduler.diagnostics(time.monotonic())
         snapshot["token_estimation"] = self.estimator.diagnostics()
         return snapshot
+
+    def summary(self) -> Summary:
+        """Rank aggregates and pages of Programs for the dashboard (bounded, unlike ``diagnostics``)."""
+        return Summary(self.scheduler, time.monotonic())
+
+    @property
+    def feed(self) -> EventFeed:
+        return self.observer.feed
 
     # ------------------------------------------------------------------------------------------ internals
     def _abandon(self, handle: RequestHandle, future: asyncio.Future[Outcome]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from progrouter.program.observer import LogLevel
+from progrouter.server.event_feed import EventFeed
 from progrouter.server.quantiles import QuantileSummary
 
 PREFIX = "vllm_router_agent_aware_"
@@ -188,6 +189,7 @@ class PrometheusObserver:
     ) -> None:
         self.strict = "pytest" in sys.modules if strict is None else strict
         self.log = logger or logging.getLogger("progrouter.program")
+        self.feed = EventFeed()  # what the dashboard and ``progrouter top`` show
         self._metrics: dict[str, Gauge | Counter | Histogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
@@ -208,6 +210,7 @@ class PrometheusObserver:
     # ---------------------------------------------------------------------------------- SchedulerObserver
     def transition(self, target: str, reason: str) -> None:
         self.counter("transitions_total", 1.0, target=target, reason=reason)
+        self.feed.transition(target, reason)
 
     def histogram(self, name: str, value: float, **labels: str) -> None:
         values = self._resolve(name, "histogram", labels)
@@ -235,6 +238,7 @@ class PrometheusObserver:
             metric.labels(*values).inc(amount)
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
+        self.feed.event(name, fields)
         numeric = _LEVELS.get(level)
         if numeric is None:
             self._unknown(f"log level {level!r} of event {name}")

@@ -26,7 +26,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -36,8 +36,10 @@ from multidict import CIMultiDict
 from progrouter.program.types import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
+from progrouter.server import tracing
 from progrouter.server.circuit_breaker import Breakers
 from progrouter.server.errors import json_error
+from progrouter.server.event_feed import EventFeed
 from progrouter.server.gate import ProgramGate, ProgramTicket
 from progrouter.server.headers import request_headers, response_headers
 from progrouter.server.limiter import InboundLimiter, Rejected
@@ -46,6 +48,9 @@ from progrouter.server.request_id import HEADER as REQUEST_ID_HEADER
 from progrouter.server.request_id import REQUEST_ID
 from progrouter.server.retry import RetryPolicy, is_retryable
 from progrouter.server.state import STATE_KEY, RouterState
+
+if TYPE_CHECKING:
+    from progrouter.server.dashboard_summary import Summary
 
 log = logging.getLogger("progrouter.proxy")
 
@@ -121,6 +126,13 @@ class AvailableTargetsGate:
 
     def shed_waiting(self) -> int:
         return self._gate.shed_waiting()
+
+    def summary(self) -> Summary:
+        return self._gate.summary()
+
+    @property
+    def feed(self) -> EventFeed:
+        return self._gate.feed
 
 
 class AttemptFailed(Exception):
@@ -371,6 +383,7 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
             await asyncio.sleep(delay)
         try:
             target, ticket = await chooser.pick()
+            tracing.annotate(rank=target.id, attempt=attempt)
         except Refused as refused:
             if not refused.retryable or final:
                 return _fail(call, refused.status, str(refused), refused.error_type)
@@ -432,7 +445,10 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
             response.headers["Retry-After"] = "1"
         return response
     try:
-        return await _proxy(call)
+        with tracing.request_span(call.route, REQUEST_ID.get(), request.headers):
+            answer = await _proxy(call)
+            tracing.annotate(status=answer.status)
+            return answer
     finally:
         proxy.limiter.release()
 
@@ -462,16 +478,21 @@ async def _proxy(call: _Call) -> web.StreamResponse:
     request_id = REQUEST_ID.get()
     if request_id is not None:
         call.headers[REQUEST_ID_HEADER] = request_id
+    tracing.inject(call.headers)
 
     try:
         chooser: _Native | _Program = _Native(call, body)
         if state.gate is not None:
+            asked = time.perf_counter()
             try:
                 first = await _acquire(call, body)
             except Refused as refused:
                 return _fail(call, refused.status, str(refused), refused.error_type)
+            finally:
+                tracing.annotate(pooled_seconds=time.perf_counter() - asked)
             if first is not None:
                 chooser = _Program(call, body, first)
+        tracing.annotate(scheduling="program" if isinstance(chooser, _Program) else "native")
         return await _relay(call, chooser)
     except asyncio.CancelledError:
         raise

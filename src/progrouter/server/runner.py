@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
 from progrouter.server.connection import ConnectionGuard, GuardedSite
+from progrouter.server.dashboard import install_metrics_dashboard
 from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
 
 STOP_GRACE_SECONDS = 1.0
@@ -85,9 +86,10 @@ async def start_router(config: RouterConfig, *, workers_start_healthy: bool = Tr
     running = RunningRouter(_url(config.host, port), None, app, [runner])
     if config.prometheus_port is not None:
         try:
-            m_runner, m_port = await _serve(
-                metrics_app(app[REGISTRY_KEY]), config.prometheus_host, config.prometheus_port, guard
-            )
+            m_app = metrics_app(app[REGISTRY_KEY])
+            if config.dashboard == "prometheus":
+                install_metrics_dashboard(m_app, app, config)
+            m_runner, m_port = await _serve(m_app, config.prometheus_host, config.prometheus_port, guard)
         except BaseException:
             await running.stop()
             raise
