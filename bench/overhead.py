@@ -1,36 +1,57 @@
-"""Router overhead: requests/s and added latency of `progrouter serve` against a trivial loopback worker.
+"""Router overhead: router CPU per request, added latency and requests/s, progrouter beside upstream.
 
-The worker and the router each run in their own process (uvloop), the load generator in this one. Each
-load is sent straight to the worker and through the router (round_robin, one worker), at concurrency 1
-and 64; "added" is the router's percentile minus the direct one. The client's own cost is in both arms.
+The worker and each router run in their own process (uvloop), the load generator in this one. Both routers
+get the same flags (round_robin, one trivial loopback worker, Program scheduling on) and the same loads:
+plain chat completions and Program ones (an ``agentic_context``), at concurrency 1 and 32. Each load also
+goes straight to the worker, so "added p50" is the router's median minus the direct one. "CPU µs/req" is the
+router's process-tree CPU time (user+system, from /proc) over the requests it proxied: wall time on a shared
+machine says little, CPU time says what the router costs. The upstream wheel is measured when
+``.venv-upstream/bin/vllm-router`` exists (``make upstream``). ``--profile`` runs progrouter under cProfile
+and prints its top functions by own time.
 
-    .venv/bin/python bench/overhead.py [--requests 4000] [--concurrency 1 64]
+    .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import json
 import os
+import pstats
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-BODY = (
-    b'{"model": "bench", "messages": [{"role": "system", "content": "You are terse."},'
-    b' {"role": "user", "content": "Say hi."}], "max_tokens": 4, "stream": false}'
-)
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = ROOT / ".venv-upstream" / "bin" / "vllm-router"
+_MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
+PLAIN = json.dumps({"model": "bench", "messages": _MESSAGES, "max_tokens": 4, "stream": False}).encode()
+PROGRAMS = 8  # distinct Programs the Program load cycles through
+
+
+def program_body(i: int) -> bytes:
+    context = json.dumps({"task_id": f"task-{i % PROGRAMS}", "agent_id": "lead"})
+    body = {"model": "bench", "messages": _MESSAGES, "max_tokens": 4, "stream": False}
+    return json.dumps({**body, "vllm_xargs": {"agentic_context": context}}).encode()
+
+
 ANSWER = (
     b'{"id": "cmpl-1", "object": "chat.completion", "model": "bench", "choices": [{"index": 0,'
     b' "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],'
-    b' "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}}'
+    b' "usage": {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}}'
 )
+LOADS = {"plain": lambda _i: PLAIN, "program": program_body}
 
 
 def _free_port() -> int:
@@ -53,12 +74,53 @@ def serve_worker(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", health)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
+def serve_profiled(out: str, argv: list[str]) -> None:
+    """progrouter's CLI under cProfile; SIGTERM ends it through SystemExit so the profile is written."""
+    from progrouter.cli import main as cli_main
+
+    def _stop(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    profiler = cProfile.Profile(time.process_time)  # CPU time: a loaded machine's waits are not the router's
+    try:
+        profiler.runcall(cli_main, argv)
+    except (SystemExit, KeyboardInterrupt):
+        pass
+    finally:
+        profiler.dump_stats(out)
+
+
+def _tree_cpu(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` and its live descendants (upstream's launcher may fork)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry)] = (int(fields[1]), int(fields[11]) / tick, int(fields[12]) / tick)
+    user = system = 0.0
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        _, u, s = stats.get(current, (0, 0.0, 0.0))
+        user, system = user + u, system + s
+        frontier.extend(child for child, (parent, _, _) in stats.items() if parent == current)
+    return user, system
+
+
 async def _wait_ready(session: aiohttp.ClientSession, url: str) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         try:
             async with session.get(url) as resp:
@@ -72,104 +134,190 @@ async def _wait_ready(session: aiohttp.ClientSession, url: str) -> None:
 
 
 @dataclass
-class Result:
+class Cell:
+    """One load against one target."""
+
     rps: float
     p50_ms: float
-    p99_ms: float
 
 
-async def _load(session: aiohttp.ClientSession, url: str, requests: int, concurrency: int) -> Result:
+async def _load(session: aiohttp.ClientSession, url: str, load: str, requests: int, concurrency: int) -> Cell:
     latencies: list[float] = []
-    remaining = requests
+    sent = 0
     headers = {"Content-Type": "application/json"}
+    body_of = LOADS[load]
 
     async def one_client() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
+        nonlocal sent
+        while sent < requests:
+            body = body_of(sent)
+            sent += 1
             start = time.perf_counter()
-            async with session.post(url, data=BODY, headers=headers) as resp:
+            async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
-                assert resp.status == 200, resp.status
+                assert resp.status == 200, (resp.status, await resp.text())
             latencies.append(time.perf_counter() - start)
 
     began = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
     wall = time.perf_counter() - began
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    return Result(len(latencies) / wall, q[49] * 1e3, q[98] * 1e3)
+    return Cell(len(latencies) / wall, statistics.median(latencies) * 1e3)
 
 
-async def bench(requests: int, concurrencies: list[int]) -> list[tuple[int, Result, Result]]:
-    worker_port, router_port = _free_port(), _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)], env=env)
-    router = subprocess.Popen(
-        [
-            sys.executable, "-m", "progrouter", "serve",
-            "--worker-urls", f"http://127.0.0.1:{worker_port}",
-            "--port", str(router_port),
-            "--policy", "round_robin",
-            "--prometheus-port", "0",
-            "--log-level", "warning",
-        ],
-        env=env,
-    )  # fmt: skip
-    direct = f"http://127.0.0.1:{worker_port}"
-    routed = f"http://127.0.0.1:{router_port}"
-    rows = []
+@dataclass
+class Row:
+    """One router and one load: CPU per request, added p50 at concurrency 1, req/s at concurrency 32."""
+
+    router: str
+    load: str
+    cpu_us: float
+    sys_us: float  # the system part of cpu_us: loopback TCP is charged to the sender as system time
+    added_p50_ms: float
+    rps_32: float
+
+
+def _router_argv(router: str, worker_port: int, port: int) -> list[str]:
+    flags = [
+        "--worker-urls", f"http://127.0.0.1:{worker_port}",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--policy", "round_robin",
+        "--prometheus-port", str(_free_port()),
+        "--log-level", "warning",
+        "--enable-program-scheduling",
+    ]  # fmt: skip
+    return [str(UPSTREAM), *flags] if router == "upstream" else ["serve", *flags]
+
+
+async def measure(
+    router: str, worker_port: int, requests: int, profile: str | None
+) -> tuple[list[Row], dict[str, Cell]]:
+    """Start ``router``, run both loads through it (and straight to the worker), return its rows."""
+    port = _free_port()
+    argv = _router_argv(router, worker_port, port)
+    if router == "upstream":
+        cmd = argv
+    elif profile is not None:
+        cmd = [sys.executable, __file__, "--serve-profiled", profile, "--", *argv]
+    else:
+        cmd = [sys.executable, "-m", "progrouter", *argv]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL)
+    direct = f"http://127.0.0.1:{worker_port}/v1/chat/completions"
+    routed = f"http://127.0.0.1:{port}/v1/chat/completions"
+    rows, directs = [], {}
     try:
-        connector = aiohttp.TCPConnector(limit=max(concurrencies))
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await _wait_ready(session, direct + "/health")
-            await _wait_ready(session, routed + "/liveness")
-            for concurrency in concurrencies:
-                results = {}
-                for name, base in (("direct", direct), ("router", routed)):
-                    await _load(
-                        session, base + "/v1/chat/completions", min(500, requests), concurrency
-                    )  # warm-up
-                    results[name] = await _load(session, base + "/v1/chat/completions", requests, concurrency)
-                rows.append((concurrency, results["direct"], results["router"]))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            await _wait_ready(session, f"http://127.0.0.1:{port}/liveness")
+            for load in LOADS:
+                await _load(session, routed, load, min(500, requests), 1)  # warm-up
+                cpu0 = _tree_cpu(proc.pid)
+                one = await _load(session, routed, load, requests, 1)
+                many = await _load(session, routed, load, requests, 32)
+                cpu1 = _tree_cpu(proc.pid)
+                per_request = [
+                    (after - before) / (2 * requests) * 1e6 for after, before in zip(cpu1, cpu0, strict=True)
+                ]
+                directs[load] = await _load(session, direct, load, requests, 1)
+                rows.append(
+                    Row(
+                        router,
+                        load,
+                        sum(per_request),
+                        per_request[1],
+                        one.p50_ms - directs[load].p50_ms,
+                        many.rps,
+                    )
+                )
     finally:
-        for proc in (router, worker):
-            proc.terminate()
-            proc.wait(timeout=30)
-    return rows
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return rows, directs
 
 
-def print_table(rows: list[tuple[int, Result, Result]], requests: int) -> None:
-    print(
-        f"progrouter overhead, round_robin, 1 loopback worker, {requests} requests per cell,"
-        f" {os.cpu_count()} CPUs"
-    )
+def print_profile(path: str, top: int) -> None:
+    print(f"\nprogrouter under cProfile, top {top} by own time (tottime):")
+    pstats.Stats(path).strip_dirs().sort_stats("tottime").print_stats(top)
+    print(f"progrouter's own functions, top {top} by cumulative time:")
+    pstats.Stats(path).sort_stats("cumulative").print_stats("progrouter/", top)
+
+
+def summarize(runs: list[list[Row]]) -> None:
+    """Min and median over the repeats, per router and load."""
+    keys = [(r.router, r.load) for r in runs[0]]
     header = (
-        f"{'conc':>4} | {'direct req/s':>12} {'p50 ms':>7} {'p99 ms':>7} | {'router req/s':>12} {'p50 ms':>7}"
-        f" {'p99 ms':>7} | {'added p50 ms':>12} {'added p99 ms':>12}"
+        f"{'router':>10} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6}"
+        f" | {'added p50 ms min':>16} {'median':>7} | {'req/s@32 max':>12} {'median':>7}"
     )
     print(header)
     print("-" * len(header))
-    for concurrency, d, r in rows:
+    for router, load in keys:
+        cells = [r for run in runs for r in run if (r.router, r.load) == (router, load)]
+        cpu = [c.cpu_us for c in cells]
+        p50 = [c.added_p50_ms for c in cells]
+        rps = [c.rps_32 for c in cells]
         print(
-            f"{concurrency:>4} | {d.rps:>12.0f} {d.p50_ms:>7.3f} {d.p99_ms:>7.3f}"
-            f" | {r.rps:>12.0f} {r.p50_ms:>7.3f} {r.p99_ms:>7.3f}"
-            f" | {r.p50_ms - d.p50_ms:>12.3f} {r.p99_ms - d.p99_ms:>12.3f}"
+            f"{router:>10} {load:>8} | {min(cpu):>14.0f} {statistics.median(cpu):>7.0f}"
+            f" {statistics.median(c.sys_us for c in cells):>6.0f}"
+            f" | {min(p50):>16.3f} {statistics.median(p50):>7.3f}"
+            f" | {max(rps):>12.0f} {statistics.median(rps):>7.0f}"
         )
+
+
+async def bench(requests: int, repeat: int, profile: str | None) -> None:
+    worker_port = _free_port()
+    worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
+    routers = ["progrouter", *(["upstream"] if UPSTREAM.exists() else [])]
+    runs: list[list[Row]] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
+        if profile is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = profile or os.path.join(tmp, "router.prof")
+                await measure("progrouter", worker_port, requests, out)
+                print_profile(out, 30)
+            return
+        for _ in range(repeat):
+            run: list[Row] = []
+            for router in routers:
+                run.extend((await measure(router, worker_port, requests, None))[0])
+            runs.append(run)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    print(
+        f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per cell,"
+        f" {repeat} runs, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
+    if not UPSTREAM.exists():
+        print("(upstream not measured: `make upstream` installs .venv-upstream)")
+    summarize(runs)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="OUT",
+        help="progrouter under cProfile (CPU time); print its top functions, keep the stats in OUT if given",
+    )
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--serve-profiled", default=None, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
     if args.serve_worker is not None:
         serve_worker(args.serve_worker)
         return 0
+    if args.serve_profiled is not None:
+        serve_profiled(args.serve_profiled, [a for a in rest if a != "--"])
+        return 0
     import uvloop
 
-    rows = uvloop.run(bench(args.requests, args.concurrency))
-    print_table(rows, args.requests)
+    uvloop.run(bench(args.requests, args.repeat, args.profile))
     return 0
 
 
