@@ -94,10 +94,10 @@ def extract_identity(
     """
     enable_key = EnableKey(enable_key)
     request = body if isinstance(body, Mapping) else None
-    lowered = _lower_headers(headers)
     canonical = _canonical_context(request)
     if canonical is None and enable_key is not EnableKey.AUTO:
-        return None
+        return None  # the native path, decided before any header is looked at
+    lowered = _lower_headers(headers)
     resolved: tuple[ProgramIdentity, RequestHints] | None
     if canonical is not None:
         resolved = _canonical_identity(canonical, lowered)
