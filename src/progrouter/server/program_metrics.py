@@ -193,6 +193,10 @@ class PrometheusObserver:
         self._metrics: dict[str, Gauge | Counter | Histogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
+        # Hot-path caches (a Program request records a dozen series): label sets already checked, and the
+        # labelled children, since ``labels()`` is the slow part of an update. Both bounded as the series are.
+        self._checked: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         for name, spec in METRICS.items():
             full = PREFIX + name
             metric: Gauge | Counter | Histogram | QuantileSummary
@@ -220,14 +224,14 @@ class PrometheusObserver:
                 metric.observe(values, value)
             else:
                 assert isinstance(metric, Histogram)
-                metric.labels(*values).observe(value)
+                self._child(name, values).observe(value)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
         values = self._resolve(name, "gauge", labels)
         if values is not None:
             metric = self._metrics[name]
             assert isinstance(metric, Gauge)
-            metric.labels(*values).set(value)
+            self._child(name, values).set(value)
             self._gauge_series[name].add(values)
 
     def counter(self, name: str, amount: float = 1.0, **labels: str) -> None:
@@ -235,7 +239,7 @@ class PrometheusObserver:
         if values is not None:
             metric = self._metrics[name]
             assert isinstance(metric, Counter)
-            metric.labels(*values).inc(amount)
+            self._child(name, values).inc(amount)
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         self.feed.event(name, fields)
@@ -260,9 +264,30 @@ class PrometheusObserver:
             for values in [v for v in series if v[index] == target]:
                 metric.remove(*values)
                 series.discard(values)
+                self._children.pop((name, values), None)
+        self._checked.clear()  # forget the departed Rank's label sets too
 
     # -------------------------------------------------------------------------------------------- checks
+    def _child(self, name: str, values: tuple[str, ...]) -> Any:
+        key = (name, values)
+        child = self._children.get(key)
+        if child is None:
+            metric = self._metrics[name]
+            assert not isinstance(metric, QuantileSummary)
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def _resolve(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:
+        """The label values in the metric's order, once name, kind and labels are checked (None: dropped)."""
+        key = (name, kind, tuple(labels.items()))
+        values = self._checked.get(key)
+        if values is None:
+            values = self._check(name, kind, labels)
+            if values is not None:
+                self._checked[key] = values
+        return values
+
+    def _check(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         spec = METRICS.get(name)
         if spec is None or ("histogram" if spec.kind == "summary" else spec.kind) != kind:
             self._unknown(f"{kind} {name!r}")
