@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from progrouter.routing.hash_ring import stable_hash64
 
 SESSION_HEADER_NAMES: tuple[str, ...] = (
@@ -32,7 +34,7 @@ _LONG_BODY_BYTES = 100
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     value = headers.get(name)
-    if value is None:
+    if value is None and not isinstance(headers, CIMultiDictProxy | CIMultiDict):
         # Plain dicts are case-sensitive; aiohttp's CIMultiDict answers the first lookup already.
         value = next((v for k, v in headers.items() if k.lower() == name), None)
     return value or None
