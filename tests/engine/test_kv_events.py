@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from progrouter.engine.block_pool import BlockPool
 from progrouter.engine.cli import add_arguments, config_from_namespace
 from progrouter.engine.kv_events import KVEventRecorder, KVEventsConfig, rank_endpoint
 from support.factories import EngineFactory
+from support.kv_events import events_config
 
 pytestmark = pytest.mark.timeout(60)
 BS = 16
@@ -31,35 +31,6 @@ BS = 16
 @pytest.fixture
 def engine_defaults() -> dict[str, Any]:
     return {"time_scale": 1000.0, "num_blocks": 64, "block_size": BS, "max_model_len": 512}
-
-
-def free_port_pair() -> int:
-    """A loopback port p with p + 1 free too (Rank r publishes on p + r)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise AssertionError("no free port pair")
-
-
-def events_config(replay: bool = True) -> dict[str, Any]:
-    pub = free_port_pair()
-    cfg: dict[str, Any] = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{pub}",
-    }
-    if replay:
-        cfg["replay_endpoint"] = f"tcp://127.0.0.1:{free_port_pair()}"
-    return cfg
 
 
 class Subscriber:
