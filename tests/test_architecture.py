@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "progrouter"
-IO_MODULES = {"asyncio", "aiohttp", "time", "socket", "uvloop", "threading"}
+IO_MODULES = {"asyncio", "aiohttp", "time", "socket", "uvloop", "threading", "zmq"}
 # The engine package also carries its own HTTP shell; these files are that shell, not the core.
-ENGINE_SHELL = {"server.py", "cli.py", "fidelity.py", "__init__.py"}
+ENGINE_SHELL = {"server.py", "cli.py", "fidelity.py", "kv_events_publisher.py", "__init__.py"}
 # Which top-level progrouter packages each package may import (besides itself).
 ALLOWED = {
     "config": set(),

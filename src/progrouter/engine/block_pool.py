@@ -12,7 +12,21 @@ Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+
+class KVEventSink(Protocol):
+    """Where the pool reports what its prefix cache gains and loses (vLLM's KV events); the pool only
+    reports, the sink decides what to do with it."""
+
+    def blocks_stored(
+        self, block_hashes: list[int], parent_hash: int | None, token_ids: list[int]
+    ) -> None: ...
+
+    def blocks_removed(self, block_hashes: list[int]) -> None: ...
+
+    def all_cleared(self) -> None: ...
 
 
 class KVCacheBlock:
@@ -37,8 +51,9 @@ class BlockPool:
     millions of tokens costs nothing until it fills, and the eviction order is the same.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
+        self.events = events
         self._blocks: list[KVCacheBlock] = []  # blocks created so far, by id
         self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
         # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
@@ -107,6 +122,7 @@ class BlockPool:
             n -= fresh
         popitem = self._free.popitem
         cached = self._cached
+        evicted: list[int] = []
         for _ in range(n):
             block = popitem(last=False)[1]
             h = block.block_hash
@@ -115,8 +131,11 @@ class BlockPool:
                     del cached[h]
                 block.block_hash = None
                 self.num_evictions += 1
+                evicted.append(h)
             block.ref_cnt = 1
             out.append(block)
+        if evicted and self.events is not None:
+            self.events.blocks_removed(evicted)
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -138,14 +157,22 @@ class BlockPool:
                 free[block.block_id] = block
 
     def cache_full_blocks(
-        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int], start: int, end: int
+        self,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: Sequence[int],
+        start: int,
+        end: int,
+        token_ids: Callable[[int], list[int]] | None = None,
     ) -> None:
         """Register ``blocks[start:end]`` (now full of computed tokens) under their chained hashes.
 
         If another block already holds the same hash (two requests computed the same prefix in the same
-        step), the first one stays the findable copy; the duplicate is an ordinary block.
+        step), the first one stays the findable copy; the duplicate is an ordinary block. The event sink
+        hears of every run of newly registered blocks, with its parent's hash and (``token_ids(i)`` of
+        block ``i``) its tokens.
         """
         cached = self._cached
+        registered: list[int] = []
         for i in range(start, end):
             block = blocks[i]
             if block.block_hash is None:
@@ -153,3 +180,30 @@ class BlockPool:
                 if h not in cached:
                     block.block_hash = h
                     cached[h] = block
+                    registered.append(i)
+        if registered and self.events is not None:
+            self._report_stored(registered, block_hashes, token_ids)
+
+    def _report_stored(
+        self, indexes: list[int], block_hashes: Sequence[int], token_ids: Callable[[int], list[int]] | None
+    ) -> None:
+        """One BlockStored per contiguous run of ``indexes`` (a chain: each block's parent precedes it)."""
+        assert self.events is not None
+        cuts = [k for k in range(1, len(indexes)) if indexes[k] != indexes[k - 1] + 1]
+        for lo, hi in zip([0, *cuts], [*cuts, len(indexes)], strict=True):
+            run = indexes[lo:hi]
+            tokens = [t for i in run for t in token_ids(i)] if token_ids is not None else []
+            parent = block_hashes[run[0] - 1] if run[0] > 0 else None
+            self.events.blocks_stored([block_hashes[i] for i in run], parent, tokens)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's ``reset_prefix_cache``); refused (False, nothing changes)
+        while any request holds a block."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+        if self.events is not None:
+            self.events.all_cleared()
+        return True

@@ -18,6 +18,7 @@ from typing import Any
 
 from progrouter.config import CALIBRATION_FIELDS, DecodeThroughputModel, PrefillCostModel
 from progrouter.engine.config import EngineConfig
+from progrouter.engine.kv_events import KVEventsConfig, parse_kv_events_config
 from progrouter.engine.profiles import BUILTIN, ProfileError, load_profile
 
 _DEFAULTS = EngineConfig()
@@ -26,6 +27,13 @@ _COST_GROUPS = ("prefill_cost_model", "decode_throughput_model")
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return parse_kv_events_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for group, name in CALIBRATION_FIELDS:
         default = getattr(getattr(d, group), name)
         costs.add_argument(_flag(name), type=float, default=None, help=f"{group}.{name} (default {default})")
+    parser.add_argument(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s KV events, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5567"}\' (Rank r: port + r)',
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

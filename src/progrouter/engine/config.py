@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel
+from progrouter.engine.kv_events import KVEventsConfig
 
 DEFAULT_MAX_MODEL_LEN = 32768
 
@@ -38,6 +39,8 @@ class EngineConfig(BaseModel):
     vocab_size: int = Field(default=32000, ge=16)
     prefill_cost_model: PrefillCostModel = Field(default_factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = Field(default_factory=DecodeThroughputModel)
+    # vLLM's --kv-events-config: publish the prefix cache's stored/removed/cleared blocks per Rank over ZMQ.
+    kv_events_config: KVEventsConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

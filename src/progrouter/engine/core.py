@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from progrouter.engine.block_pool import KVEventSink
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.cost import StepCostModel
 from progrouter.engine.kv_cache_manager import KVCacheManager
@@ -74,11 +75,11 @@ class StepResult:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, *, rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, *, rank: int = 0, events: KVEventSink | None = None) -> None:
         self.config = config
         self.rank = rank
         self.stats = EngineStats()
-        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, events)
         self.scheduler = EngineScheduler(
             self.kv,
             self.stats,
@@ -148,6 +149,10 @@ class EngineCore:
         request.finish_reason = FinishReason.ABORT
         self.stats.request_success["abort"] += 1
         return True
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: forget every cached prefix; False (nothing changes) while busy."""
+        return self.kv.pool.reset_prefix_cache()
 
     def hold_until(self, t: float) -> None:
         """No step starts before ``t`` (a stalled Rank resumes in the present, not in its past)."""

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from itertools import islice
 
-from progrouter.engine.block_pool import BlockPool, KVCacheBlock
+from progrouter.engine.block_pool import BlockPool, KVCacheBlock, KVEventSink
 from progrouter.engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, events: KVEventSink | None = None) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, events)
         self._req_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}
 
@@ -69,7 +69,7 @@ class KVCacheManager:
         num_full = min(total, request.num_tokens) // bs
         done = self._num_cached_blocks[rid]
         if num_full > done:
-            pool.cache_full_blocks(blocks, request.block_hashes, done, num_full)
+            pool.cache_full_blocks(blocks, request.block_hashes, done, num_full, request.block_token_ids)
             self._num_cached_blocks[rid] = num_full
         return True
 

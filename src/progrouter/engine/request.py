@@ -78,6 +78,7 @@ class Request:
     __slots__ = (
         "_open",
         "_rng",
+        "_tokens",
         "arrival_time",
         "block_hashes",
         "block_size",
@@ -134,6 +135,7 @@ class Request:
         if isinstance(prompt, PromptBlocks):
             self.num_prompt_tokens = prompt.num_tokens
             self._open: list[int] | None = None  # block mode: no tokens kept
+            self._tokens: list[int] | None = None
             hashes.extend(prompt.block_hashes)
         else:
             tokens = list(prompt)
@@ -142,6 +144,7 @@ class Request:
             blocks = (tuple(tokens[start : start + block_size]) for start in range(0, full, block_size))
             hashes.extend(chain_hashes(blocks, parent))
             self._open = tokens[full:]  # the tokens of the block being filled
+            self._tokens = tokens  # every token so far (prompt and output), for the KV events' token ids
         self.num_tokens = self.num_prompt_tokens
 
     def append_output_token(self, eos_probability: float) -> int:
@@ -156,12 +159,13 @@ class Request:
             token = self._token_at(n_out)
         self.num_output_tokens = n_out + 1
         self.num_tokens += 1
-        opened = self._open
-        if opened is None:
+        opened, tokens = self._open, self._tokens
+        if opened is None or tokens is None:
             if self.num_tokens % self.block_size == 0:
                 self._close_block((self.request_id, self.num_tokens))
             return token
         opened.append(token)
+        tokens.append(token)
         if len(opened) == self.block_size:
             self._close_block(tuple(opened))
             self._open = []
@@ -180,6 +184,14 @@ class Request:
     def _close_block(self, key: Hashable) -> None:
         hashes = self.block_hashes
         hashes.extend(chain_hashes((key,), hashes[-1] if hashes else self.root_hash))
+
+    def block_token_ids(self, index: int) -> list[int]:
+        """The token ids of full block ``index`` (empty for a block-mode prompt, whose tokens never exist)."""
+        tokens = self._tokens
+        if tokens is None:
+            return []
+        bs = self.block_size
+        return tokens[index * bs : (index + 1) * bs]
 
     @property
     def tokens_kept(self) -> bool:

@@ -27,6 +27,8 @@ from pydantic import BaseModel, ValidationError
 from progrouter.engine.chat_template import ChatTemplateError, render_chat
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.core import EngineCore, RequestOutput, RequestRejected
+from progrouter.engine.kv_events import KVEventRecorder
+from progrouter.engine.kv_events_publisher import RankEventPublisher
 from progrouter.engine.metrics import CONTENT_TYPE, render_metrics
 from progrouter.engine.protocol import (
     ChatCompletionRequest,
@@ -116,9 +118,10 @@ class RequestStream:
 class RankDriver:
     """Steps one EngineCore in modelled time and hands each step's outputs to the requests' streams."""
 
-    def __init__(self, core: EngineCore, clock: ModelClock) -> None:
+    def __init__(self, core: EngineCore, clock: ModelClock, events: RankEventPublisher | None = None) -> None:
         self.core = core
         self.clock = clock
+        self.events = events
         self.mode = FaultMode.NONE
         self.streams: dict[str, RequestStream] = {}
         self._wake = asyncio.Event()
@@ -132,6 +135,13 @@ class RankDriver:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.events is not None:
+            await self.events.stop()
+
+    def reset_prefix_cache(self) -> None:
+        self.core.reset_prefix_cache()
+        if self.events is not None:
+            self.events.flush()  # the AllBlocksCleared goes out now, not with the next step
 
     def submit(
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None
@@ -168,6 +178,8 @@ class RankDriver:
                 await self._idle()
                 continue
             result = core.step(t)
+            if self.events is not None:
+                self.events.flush()
             if result.num_scheduled_tokens == 0:
                 await self._idle(max(clock.wall_delay(core.next_event_time() or t), 0.001))
                 continue
@@ -210,7 +222,16 @@ class EngineServer:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.cores = [EngineCore(config, rank=r) for r in range(config.data_parallel_size)]
+        events = config.kv_events_config
+        self.recorders = (
+            [KVEventRecorder(config.block_size) for _ in range(config.data_parallel_size)]
+            if events is not None and events.publishes
+            else []
+        )
+        self.cores = [
+            EngineCore(config, rank=r, events=self.recorders[r] if self.recorders else None)
+            for r in range(config.data_parallel_size)
+        ]
         self.tokenizer = Tokenizer(config.vocab_size)
         self.fail_rate = config.fail_rate
         self.drivers: list[RankDriver] = []
@@ -230,6 +251,7 @@ class EngineServer:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_post("/admin/fault", self.admin_fault)
         app.router.add_get("/admin/fault", self.admin_fault_status)
         app.on_startup.append(self._on_startup)
@@ -238,9 +260,31 @@ class EngineServer:
 
     async def _on_startup(self, _app: web.Application) -> None:
         self._clock = ModelClock(asyncio.get_running_loop(), self.config.time_scale)
-        self.drivers = [RankDriver(core, self._clock) for core in self.cores]
+        publishers = self._start_publishers()
+        self.drivers = [
+            RankDriver(core, self._clock, publishers[core.rank] if publishers else None)
+            for core in self.cores
+        ]
         for driver in self.drivers:
             driver.start()
+
+    def _start_publishers(self) -> list[RankEventPublisher]:
+        """One KV event publisher per Rank (sockets bound now, so a taken port fails the startup)."""
+        events = self.config.kv_events_config
+        if events is None or not self.recorders:
+            return []
+        publishers: list[RankEventPublisher] = []
+        try:
+            for rank, recorder in enumerate(self.recorders):
+                publishers.append(RankEventPublisher(events, rank, recorder))
+        except Exception:
+            for publisher in publishers:
+                publisher.close_sockets()
+            raise
+        for publisher in publishers:
+            publisher.start()
+            log.info("KV events of Rank %d on %s", publisher.rank, publisher.endpoint)
+        return publishers
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         for driver in self.drivers:
@@ -569,6 +613,15 @@ class EngineServer:
         if bad is not None:
             raise HTTPError(400, f"Token id {bad} is out of vocabulary")
         return _json({"prompt": self.tokenizer.decode(req.tokens)})
+
+    async def reset_prefix_cache(self, _request: web.Request) -> web.Response:
+        """vLLM's ``POST /reset_prefix_cache``: every Rank forgets its cached prefixes (409 while busy)."""
+        busy = [d.core.rank for d in self.drivers if d.core.kv_cache_usage() > 0]
+        if busy:
+            raise HTTPError(409, f"Rank(s) {busy} still hold blocks; prefix cache not reset", "ConflictError")
+        for driver in self.drivers:
+            driver.reset_prefix_cache()
+        return web.Response(status=200)
 
     async def admin_fault(self, request: web.Request) -> web.Response:
         """``POST /admin/fault {"rank": r|null, "mode": ..., "slow_factor": x?, "fail_rate": p?}``."""
