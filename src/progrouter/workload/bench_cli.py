@@ -203,8 +203,11 @@ async def run_plan(plan: BenchPlan, console: Console) -> dict[str, Any] | None:
             return None
 
 
-def execute(plan: BenchPlan, console: Console) -> int:
-    """Run every arm of ``plan``, then report; the exit code (1 a process failed, 130 interrupted)."""
+def execute(
+    plan: BenchPlan, console: Console, epilogue: Callable[[dict[str, Any]], None] | None = None
+) -> int:
+    """Run every arm of ``plan``, then report (and ``epilogue`` on the report, e.g. the demo's verdict);
+    the exit code (1 a process failed, 130 interrupted)."""
     try:
         report = asyncio.run(run_plan(plan, console))
     except ProcessError as exc:
@@ -213,6 +216,8 @@ def execute(plan: BenchPlan, console: Console) -> int:
     if report is None:
         return 130
     finish(report, plan, console)
+    if epilogue is not None:
+        epilogue(report)
     return 0
 
 

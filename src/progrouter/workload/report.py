@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from progrouter.config import PrefillCostModel
 from progrouter.workload.facts import Fact
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -307,6 +308,12 @@ def figure(figures: Mapping[str, Any], path: str) -> float | None:
             return None
         cur = cur[part]
     return float(cur) if isinstance(cur, int | float) and not isinstance(cur, bool) else None
+
+
+def prefill_gpu_seconds(facts: Iterable[Fact], model: PrefillCostModel) -> float:
+    """Modelled prefill GPU-seconds the engines spent: ``model`` on each completed request's uncached prompt
+    tokens (a cold-prefill model, so it undercounts a suffix appended to a long cached context)."""
+    return sum(model.prefill_seconds((f.prompt_tokens or 0) - (f.cached_tokens or 0)) for f in facts if f.ok)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
