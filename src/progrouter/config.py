@@ -179,6 +179,9 @@ class ProgramSchedulingConfig(_Strict):
     shared_prefix_freshness_kv_turnovers: float = 2.0
     decode_buffer_tokens: int = Field(default=100, ge=0)
     max_acting_ttl_seconds: float = 10.0
+    # Caps a request's kv_retention_ttl_seconds hint: an Acting Program keeps its tokens charged for the TTL,
+    # so an unbounded hint (1e308) would pin capacity until the force-resume timeout frees the waiters.
+    max_kv_retention_ttl_seconds: float = 60.0
     high_watermark_ratio: float = 1.0
     low_watermark_ratio: float = 1.0
     max_segment_rounds: int = 14
@@ -198,7 +201,9 @@ class ProgramSchedulingConfig(_Strict):
     def _positive(cls, v: float, info: Any) -> float:
         return _finite(str(info.field_name), v, positive=True)
 
-    @field_validator("max_acting_ttl_seconds", "shared_prefix_freshness_warmup_seconds")
+    @field_validator(
+        "max_acting_ttl_seconds", "max_kv_retention_ttl_seconds", "shared_prefix_freshness_warmup_seconds"
+    )
     @classmethod
     def _non_negative(cls, v: float, info: Any) -> float:
         return _finite(str(info.field_name), v)

@@ -214,7 +214,7 @@ def _went_idle(
     else:
         hint_ttl = dispatch.hints.kv_retention_ttl_seconds
         if hint_ttl is not None:
-            arm_ttl(core, program, hint_ttl, "request_hint", now)
+            arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
         else:
             factors = core.factors.get(dispatch.target.id)
             ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)

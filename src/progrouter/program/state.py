@@ -234,7 +234,16 @@ class Program:
 class RankPrograms:
     """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
 
-    __slots__ = ("acting", "attributed", "impacts", "marked", "reasoning", "reasoning_context", "rounds")
+    __slots__ = (
+        "acting",
+        "attributed",
+        "impacts",
+        "marked",
+        "overflow",
+        "reasoning",
+        "reasoning_context",
+        "rounds",
+    )
 
     def __init__(self, max_rounds: int) -> None:
         self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
@@ -246,6 +255,8 @@ class RankPrograms:
         self.rounds = [0] * (max_rounds + 1)
         self.impacts = [0.0] * (max_rounds + 1)
         self.reasoning_context = 0  # Σ estimated context of the Active+Reasoning Programs
+        # The one Program a forced resume admitted past this Rank's limits; the next waits until it leaves.
+        self.overflow: Program | None = None
 
     def _bucket(self, program: Program) -> int:
         return min(program.rounds_since_activation, len(self.rounds) - 1)
@@ -358,8 +369,9 @@ class ProgramTable:
         """A request arrived: the Program is Reasoning until it is idle again."""
         self._move(program, Event.RETAIN)
 
-    def activate(self, program: Program, target_id: str, tokens: int) -> None:
-        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity."""
+    def activate(self, program: Program, target_id: str, tokens: int, *, overflow: bool = False) -> None:
+        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity;
+        ``overflow``: a forced resume past the Rank's limits (at most one per Rank at a time)."""
         self._move(program, Event.ACTIVATE)
         program.placement = target_id
         program.placement_epoch = next(self._epochs)
@@ -370,6 +382,8 @@ class ProgramTable:
         rank.reasoning[program] = None
         rank.reasoning_context += program.estimated_context_tokens
         rank._enter(program)
+        if overflow:
+            rank.overflow = program
         self._ledger.charge(program, target_id, tokens)
 
     def count_round(self, program: Program) -> None:
@@ -500,6 +514,8 @@ class ProgramTable:
         rank.acting.pop(program, None)
         rank.marked.pop(program, None)
         rank._leave(program)
+        if rank.overflow is program:
+            rank.overflow = None
         program.pause_when_idle = False
         program.placement = None
         program.placement_start_pending = False

@@ -1,0 +1,67 @@
+"""Bounds a client cannot lift: the KV-retention hint cap and forced resumes past a Rank's limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import T0, Harness
+
+
+def test_kv_retention_hint_is_capped(harness: Any) -> None:
+    h: Harness = harness(max_kv_retention_ttl_seconds=30.0)
+    a = h.arrive("a", kv_retention_ttl_seconds=1e308)
+    h.at(1.0).complete(a, prompt=100)
+    assert h.histogram_values("armed_ttl_seconds", source="request_hint") == [30.0]
+    assert h.scheduler.next_deadline() == pytest.approx(31.0)
+    h.tick(31.0)
+    assert h.program("a")["state"] == "paused"  # type: ignore[index]
+    assert h.rank()["router_ledger_tokens"] == 0
+
+
+def test_kv_retention_hint_below_the_cap_is_kept(harness: Any) -> None:
+    h: Harness = harness(max_kv_retention_ttl_seconds=30.0)
+    a = h.arrive("a", kv_retention_ttl_seconds=12.0)
+    h.at(1.0).complete(a, prompt=100)
+    assert h.histogram_values("armed_ttl_seconds", source="request_hint") == [12.0]
+
+
+def _holder(h: Harness, program_id: str, tokens: int) -> None:
+    """An Active Program pinned for the whole test (Acting with a long hint)."""
+    a = h.arrive(program_id, tokens, kv_retention_ttl_seconds=50.0)
+    h.complete(a, prompt=tokens)
+
+
+def test_a_shared_force_deadline_admits_one_waiter_past_the_limits_at_a_time(harness: Any) -> None:
+    h: Harness = harness(
+        token_capacity_per_dp_rank=1000,
+        max_active_programs_per_target=2,
+        force_resume_timeout_seconds=10.0,
+        max_kv_retention_ttl_seconds=1000.0,
+        decode_buffer_tokens=0,
+    )
+    _holder(h, "x", 400)
+    _holder(h, "y", 400)
+    waiting = [h.arrive(f"w{i}", 300) for i in range(50)]
+    assert not any(h.dispatched(w) for w in waiting)
+    h.tick(10.0)  # every waiter is overdue at once
+    admitted = [w for w in waiting if h.dispatched(w)]
+    assert len(admitted) == 1
+    _within_one_overflow(h.rank(), 300)
+    assert h.transitions("force_resume") == [T0]
+    # as Programs leave, the overdue waiters go, never more than one past the limits; nobody starves
+    done: set[int] = set()
+    while len(done) < len(waiting):
+        h.at(h.now + 1.0)
+        running = [w for w in waiting if h.dispatched(w) and w.id not in done]
+        assert running, "an overdue waiter starved"
+        h.complete(running[0])
+        done.add(running[0].id)
+        _within_one_overflow(h.rank(), 300)
+
+
+def _within_one_overflow(rank: dict[str, Any], demand: int) -> None:
+    """The Rank's limits (2 Programs, 1000 tokens) exceeded by at most one forced Program's demand."""
+    assert rank["router_active_programs"] <= 2 + 1
+    assert rank["router_ledger_tokens"] <= 1000 + demand
