@@ -182,6 +182,9 @@ class ProgramSchedulingConfig(_Strict):
     # Caps a request's kv_retention_ttl_seconds hint: an Acting Program keeps its tokens charged for the TTL,
     # so an unbounded hint (1e308) would pin capacity until the force-resume timeout frees the waiters.
     max_kv_retention_ttl_seconds: float = 60.0
+    # Requests waiting in the RequestPool, all Programs together; one more gets 429 + Retry-After. Each holds
+    # its body (agent requests: ~0.1-1 MB), so 1,024 keeps a burst to about a gigabyte at worst.
+    max_pooled_requests: int = 1024
     high_watermark_ratio: float = 1.0
     low_watermark_ratio: float = 1.0
     max_segment_rounds: int = 14
@@ -211,6 +214,7 @@ class ProgramSchedulingConfig(_Strict):
     @field_validator(
         "hash_virtual_nodes",
         "max_active_programs_per_target",
+        "max_pooled_requests",
         "stats_window_size",
         "max_segment_rounds",
         "token_capacity_per_dp_rank",

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from conftest import T0, Harness
+from progrouter.program.types import PoolFull
 
 
 def test_kv_retention_hint_is_capped(harness: Any) -> None:
@@ -65,3 +66,23 @@ def _within_one_overflow(rank: dict[str, Any], demand: int) -> None:
     """The Rank's limits (2 Programs, 1000 tokens) exceeded by at most one forced Program's demand."""
     assert rank["router_active_programs"] <= 2 + 1
     assert rank["router_ledger_tokens"] <= 1000 + demand
+
+
+def test_a_full_pool_refuses_a_request_that_would_wait_and_changes_nothing(harness: Any) -> None:
+    h: Harness = harness(max_active_programs_per_target=1, max_pooled_requests=3)
+    first = h.arrive("a")
+    waiting = [h.arrive(f"w{i}") for i in range(3)]
+    assert not any(h.dispatched(w) for w in waiting)
+    before = h.diagnostics()
+    with pytest.raises(PoolFull) as refused:
+        h.arrive("late")
+    assert refused.value.status == 429
+    with pytest.raises(PoolFull):
+        h.arrive("w0")  # a waiting Program's second request would wait too
+    assert h.diagnostics() == before
+    again = h.arrive("a")  # the Active Program's next request never waits: it is not refused
+    assert h.dispatched(again)
+    h.complete(first)
+    h.complete(again)  # a pauses; w0 is admitted and leaves the pool: room again
+    assert h.dispatched(waiting[0])
+    assert not h.dispatched(h.arrive("late"))

@@ -40,7 +40,7 @@ from progrouter.program.resume import (
 )
 from progrouter.program.state import AA, PA, Program
 from progrouter.program.timers import TimerKind
-from progrouter.program.types import BackendObservation, NoTargets, UsageObservation
+from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
@@ -173,8 +173,11 @@ class ProgramScheduler:
         self._advance(now)
         if not core.pool_targets.get(request.model_pool):
             raise NoTargets()
-        core.tracked_pools.add(request.model_pool)
         program = core.table.get(request.model_pool, request.identity.program_id)
+        limit = self.config.max_pooled_requests
+        if len(core.pool) >= limit and (program is None or not program.active):
+            raise PoolFull(limit)  # it would wait, and the pool is full: refused before anything changes
+        core.tracked_pools.add(request.model_pool)
         new = program is None
         if program is None:
             home = self._bind(

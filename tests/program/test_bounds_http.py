@@ -1,0 +1,59 @@
+"""The Program bounds seen over HTTP: router and emulator on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from support.factories import EngineFactory, RouterFactory
+
+
+def _body(task: str, **context: Any) -> dict[str, Any]:
+    return {
+        "model": "progrouter-emulated",
+        "messages": [{"role": "user", "content": f"hello from {task}"}],
+        "max_tokens": 4,
+        "vllm_xargs": {"agentic_context": json.dumps({"task_id": task, **context})},
+    }
+
+
+async def _diagnostics(client: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with client.get(url + "/scheduling/diagnostics") as resp:
+        assert resp.status == 200
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def _until(client: aiohttp.ClientSession, url: str, retained: int) -> None:
+    deadline = time.monotonic() + 20.0
+    while (await _diagnostics(client, url))["retained_requests"] != retained:
+        assert time.monotonic() < deadline, f"never {retained} retained"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_full_pool_answers_429_with_retry_after(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine()
+    router = await make_router([engine.url], {"max_active_programs_per_target": 1, "max_pooled_requests": 2})
+    url = router.url + "/v1/chat/completions"
+
+    async def post(task: str, **context: Any) -> int:
+        async with client.post(url, json=_body(task, **context)) as resp:
+            await resp.read()
+            return resp.status
+
+    assert await post("holder", kv_retention_ttl=4) == 200  # keeps the only slot for 4 s
+    waiters = [asyncio.create_task(post(f"w{i}")) for i in range(2)]
+    await _until(client, router.url, 2)
+    async with client.post(url, json=_body("late")) as resp:
+        assert resp.status == 429
+        assert resp.headers["Retry-After"] == "1"
+        assert "pool is full" in (await resp.json())["error"]["message"]
+    assert (await _diagnostics(client, router.url))["retained_requests"] == 2  # the 429 changed nothing
+    assert await asyncio.gather(*waiters) == [200, 200]
+    assert await post("late") == 200  # room again
