@@ -185,6 +185,9 @@ class ProgramSchedulingConfig(_Strict):
     # Requests waiting in the RequestPool, all Programs together; one more gets 429 + Retry-After. Each holds
     # its body (agent requests: ~0.1-1 MB), so 1,024 keeps a burst to about a gigabyte at worst.
     max_pooled_requests: int = 1024
+    # Idle Paused Programs kept for resumption (each ~2 KB with its history); past it the one paused longest
+    # ago is released first. Also how many released Programs' generation numbers are remembered.
+    max_paused_programs: int = 10_000
     high_watermark_ratio: float = 1.0
     low_watermark_ratio: float = 1.0
     max_segment_rounds: int = 14
@@ -215,6 +218,7 @@ class ProgramSchedulingConfig(_Strict):
         "hash_virtual_nodes",
         "max_active_programs_per_target",
         "max_pooled_requests",
+        "max_paused_programs",
         "stats_window_size",
         "max_segment_rounds",
         "token_capacity_per_dp_rank",

@@ -58,6 +58,10 @@ __all__ = [
 ]
 
 
+# Valid timers per live Program, request or Rank are at most a handful; past this many, compact the heap.
+_STALE_TIMERS_FACTOR = 8
+
+
 class ProgramScheduler:
     """One scheduler for every model pool of a router. Not thread-safe: drive it from one task."""
 
@@ -358,8 +362,6 @@ class ProgramScheduler:
         if kind is TimerKind.QUEUE_TIMEOUT:
             assert isinstance(payload, RequestHandle)
             return core.pool.owner(payload) is not None
-        if kind is TimerKind.PRUNE_GENERATION:
-            return True
         if kind is TimerKind.OBSERVATION_STALE:
             assert isinstance(payload, str)
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
@@ -381,7 +383,10 @@ class ProgramScheduler:
         """Run the timers due at ``now``: TTL expiry, retention, observation expiry, force deadlines; queue
         timeouts last, so a force resume due at the same instant is tried first."""
         core = self._core
-        due = core.timers.pop_due(now)
+        timers = core.timers
+        if len(timers) > _STALE_TIMERS_FACTOR * (len(core.table) + len(core.pool) + len(core.targets)) + 1024:
+            timers.compact(self._timer_valid)  # amortised: the heap at least halves
+        due = timers.pop_due(now)
         if not due:
             return
         timeouts: list[RequestHandle] = []
@@ -389,9 +394,6 @@ class ProgramScheduler:
             if kind is TimerKind.QUEUE_TIMEOUT:
                 assert isinstance(payload, RequestHandle)
                 timeouts.append(payload)
-            elif kind is TimerKind.PRUNE_GENERATION:
-                assert isinstance(payload, tuple)
-                core.table.forget_generation(*payload)
             elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
@@ -419,6 +421,7 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
+        lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
         while agenda:

@@ -295,12 +295,15 @@ class RankPrograms:
 class ProgramTable:
     """The Programs of every model pool, their generations and per-Rank indexes."""
 
-    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int) -> None:
+    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int, fence_size: int) -> None:
         self._ledger = ledger
         self._pool = pool
         self._max_rounds = max_rounds
         self._programs: dict[tuple[str, str], Program] = {}
-        self._last_generation: dict[tuple[str, str], int] = {}
+        # The last generation of the ``fence_size`` most recently released Programs, oldest first: a
+        # returning id continues its numbering; older ones start again at 0 (epochs keep completions safe).
+        self._fence_size = fence_size
+        self._released: dict[tuple[str, str], int] = {}
         self._ranks: dict[str, RankPrograms] = {}
         self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
         self._serials = itertools.count()
@@ -349,9 +352,8 @@ class ProgramTable:
         key = (model_pool, identity.program_id)
         if key in self._programs:
             raise IllegalTransition(f"a generation of {key!r} is live already")
-        previous = self._last_generation.get(key)
+        previous = self._released.pop(key, None)
         generation = 0 if previous is None else previous + 1
-        self._last_generation[key] = generation
         ref = ProgramRef(model_pool, identity.program_id, generation)
         program = Program(ref, identity, next(self._serials), ref.redacted_id(), now)
         program.home_target = home
@@ -359,11 +361,10 @@ class ProgramTable:
         self._attribute(program, home)
         return program
 
-    def forget_generation(self, model_pool: str, program_id: str) -> None:
-        """Prune a released generation's counter (after the fencing retention); epochs stay unique anyway."""
-        key = (model_pool, program_id)
-        if key not in self._programs:
-            self._last_generation.pop(key, None)
+    @property
+    def fenced(self) -> int:
+        """Released Programs whose generation number is remembered (at most ``fence_size``)."""
+        return len(self._released)
 
     def retain(self, program: Program) -> None:
         """A request arrived: the Program is Reasoning until it is idle again."""
@@ -459,7 +460,11 @@ class ProgramTable:
         if target is not None:
             self._leave_placement(program, target)
         self._attribute(program, None, unbind=False)
-        del self._programs[program.key]
+        key = program.key
+        del self._programs[key]
+        self._released[key] = program.ref.generation
+        if len(self._released) > self._fence_size:
+            del self._released[next(iter(self._released))]
 
     def rebind(self, program: Program, target_id: str | None) -> None:
         """A Paused Program's home and last Rank become ``target_id`` (failover, or its pool came back)."""

@@ -27,8 +27,7 @@ class TimerKind(IntEnum):
     PAUSED_RETENTION = 1
     OBSERVATION_STALE = 2
     FORCE_RESUME = 3
-    PRUNE_GENERATION = 4
-    QUEUE_TIMEOUT = 5
+    QUEUE_TIMEOUT = 4
 
 
 Due = tuple[float, TimerKind, object]
@@ -71,6 +70,12 @@ class Timers:
             when, kind, _, payload = heapq.heappop(heap)
             out.append((when, TimerKind(kind), payload))
         return out
+
+    def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
+        """Drop every stale entry, not only those at the top: Programs released long before their entries
+        fall due (a capped retention, a cancelled wait) would otherwise stay referenced until then."""
+        self._heap = [e for e in self._heap if still_valid(e[0], TimerKind(e[1]), e[3])]
+        heapq.heapify(self._heap)
 
     def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
         """The earliest entry that still matters, discarding stale ones from the top."""
