@@ -188,6 +188,9 @@ class ProgramSchedulingConfig(_Strict):
     # Idle Paused Programs kept for resumption (each ~2 KB with its history); past it the one paused longest
     # ago is released first. Also how many released Programs' generation numbers are remembered.
     max_paused_programs: int = 10_000
+    # Model pools (one per `model` value with Program traffic); a client can name any model, so past this
+    # many a new name shares `program:all`. A fleet serves a few models and their LoRA adapters.
+    max_model_pools: int = 64
     high_watermark_ratio: float = 1.0
     low_watermark_ratio: float = 1.0
     max_segment_rounds: int = 14
@@ -219,6 +222,7 @@ class ProgramSchedulingConfig(_Strict):
         "max_active_programs_per_target",
         "max_pooled_requests",
         "max_paused_programs",
+        "max_model_pools",
         "stats_window_size",
         "max_segment_rounds",
         "token_capacity_per_dp_rank",

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from conftest import T0, Harness
-from progrouter.program.types import PoolFull
+from progrouter.program.types import BackendObservation, PoolFull
 
 
 def test_kv_retention_hint_is_capped(harness: Any) -> None:
@@ -108,3 +108,15 @@ def test_distinct_programs_leave_bounded_state(harness: Any) -> None:
     h.complete(again)
     returning = h.at(601.0).arrive("p480")  # released and still fenced: the next generation
     assert returning.generation == 1
+
+
+def test_a_new_model_pool_over_known_ranks_keeps_the_scrape_valid(harness: Any) -> None:
+    h: Harness = harness(token_capacity_per_dp_rank=1000)
+    h.arrive("a", 100)
+    epoch = h.scheduler.begin_observation(0.0)
+    for i in range(50):  # a client naming fresh models: new pools, same Ranks
+        h.set_targets([T0], pool=f"program:model:fresh-{i}")
+    h.at(0.5)
+    h.scheduler.apply_observations(0.5, epoch, {T0: BackendObservation(0.5, 1, 0)})
+    assert not h.events("stale_capacity_observation_dropped")
+    assert h.rank()["observation_fresh"] is True

@@ -57,3 +57,18 @@ async def test_a_full_pool_answers_429_with_retry_after(
     assert (await _diagnostics(client, router.url))["retained_requests"] == 2  # the 429 changed nothing
     assert await asyncio.gather(*waiters) == [200, 200]
     assert await post("late") == 200  # room again
+
+
+async def test_fresh_model_names_share_one_pool_past_the_bound(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine()
+    router = await make_router([engine.url], {"max_model_pools": 2})
+    for i in range(20):
+        body = {**_body(f"t{i}"), "model": f"no-such-model-{i}"}
+        async with client.post(router.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 404  # the worker's answer for a model it does not serve
+    # two named pools, then every fresh name shares program:all
+    assert (await _diagnostics(client, router.url))["model_pools"] == 3
+    async with client.post(router.url + "/v1/chat/completions", json=_body("served")) as resp:
+        assert resp.status == 200

@@ -88,6 +88,7 @@ def snapshot(core: Core, now: float) -> dict[str, Any]:
         "cross_rank_headroom_ratio": config.cross_rank_headroom_ratio,
         "retained_requests": len(core.pool),
         "programs": len(core.table),
+        "model_pools": len(core.pool_targets),
         "ranks": [_rank(core, target_id, now) for target_id in sorted(core.targets)],
     }
 

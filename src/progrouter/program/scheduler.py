@@ -86,14 +86,15 @@ class ProgramScheduler:
         if old_ids == new_ids:
             core.targets.update(by_id)
             return
-        core.ledger.rank_set_changed()
+        removed = sorted(set(old_ids or ()) - set(new_ids))
+        if removed or any(t not in core.targets for t in new_ids):
+            core.ledger.rank_set_changed()  # a new pool over known Ranks keeps a scrape in progress valid
         core.pool_targets[model_pool] = new_ids
         core.binder.pool_changed(model_pool)
         for target_id, target in by_id.items():
             core.targets[target_id] = target
             core.target_pools.setdefault(target_id, set()).add(model_pool)
             core.ledger.account(target_id)
-        removed = sorted(set(old_ids or ()) - set(new_ids))
         moved: list[Program] = []
         for target_id in removed:
             core.target_pools[target_id].discard(model_pool)

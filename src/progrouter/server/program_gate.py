@@ -15,7 +15,9 @@ Around that, three things keep the core fed, all with ``time.monotonic()``:
 
 Model pools: a request naming a model joins ``program:model:<model>``, one without joins ``program:all``.
 Every healthy Rank serves every pool: the router does not learn which worker serves which model (upstream
-consults its worker registry's model labels). This module makes no scheduling decision of its own.
+consults its worker registry's model labels). A client can name any ``model``, so pools are bounded: past
+``max_model_pools`` a new name joins ``program:all`` (the worker still answers for that model, 404 if it has
+none). This module makes no scheduling decision of its own.
 """
 
 from __future__ import annotations
@@ -184,6 +186,8 @@ class ProgramGate:
         Raises ``InvalidIdentity`` (400), ``NoTargets`` (503) or ``QueueTimeout`` (429).
         """
         pool = model_pool_of(body)
+        if pool not in self._pools and len(self._pools) >= self.config.max_model_pools:
+            pool = ALL_MODELS_POOL
         found = extract_identity(
             body,
             headers,
