@@ -72,3 +72,24 @@ async def test_fresh_model_names_share_one_pool_past_the_bound(
     assert (await _diagnostics(client, router.url))["model_pools"] == 3
     async with client.post(router.url + "/v1/chat/completions", json=_body("served")) as resp:
         assert resp.status == 200
+
+
+async def test_diagnostics_pages_and_refuses_a_bad_page(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine()
+    router = await make_router([engine.url], {})
+    for i in range(5):
+        async with client.post(router.url + "/v1/chat/completions", json=_body(f"task-{i}")) as resp:
+            assert resp.status == 200
+    async with client.get(router.url + "/scheduling/diagnostics?offset=1&limit=2") as resp:
+        assert resp.status == 200
+        snapshot = await resp.json()
+        text = json.dumps(snapshot)
+    assert snapshot["program_page"] == {"offset": 1, "limit": 2, "total": 5}
+    assert sum(len(rank["programs"]) for rank in snapshot["ranks"]) == 2
+    assert "task-" not in text  # raw ids are never shown
+    for bad in ("limit=-1", "offset=x", "limit=1e3"):
+        async with client.get(router.url + "/scheduling/diagnostics?" + bad) as resp:
+            assert resp.status == 400
+            assert "non-negative integer" in (await resp.json())["error"]["message"]

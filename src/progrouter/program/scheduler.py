@@ -22,7 +22,12 @@ from progrouter.program import lifecycle
 from progrouter.program.admission import plan_binding_only
 from progrouter.program.binding import binding_candidates
 from progrouter.program.core import Core
-from progrouter.program.diagnostics import publish_gauges, report_accounting_sources, snapshot
+from progrouter.program.diagnostics import (
+    DEFAULT_PROGRAM_PAGE,
+    publish_gauges,
+    report_accounting_sources,
+    snapshot,
+)
 from progrouter.program.dispatch import serve_active
 from progrouter.program.ledger import ObservationEpoch
 from progrouter.program.observer import NullObserver, SchedulerObserver
@@ -354,8 +359,10 @@ class ProgramScheduler:
     def next_deadline(self) -> float | None:
         return self._core.timers.next_time(self._timer_valid)
 
-    def diagnostics(self, now: float) -> dict[str, Any]:
-        return snapshot(self._core, now)
+    def diagnostics(
+        self, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE
+    ) -> dict[str, Any]:
+        return snapshot(self._core, now, offset=offset, limit=limit)
 
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
+from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE
 from progrouter.program.identity import extract_identity
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest
 from progrouter.program.pool import RequestHandle
@@ -237,9 +238,9 @@ class ProgramGate:
         self._drain(now)
         return shed
 
-    def diagnostics(self) -> dict[str, Any]:
-        """The scheduler's snapshot plus the token estimator's coefficients."""
-        snapshot = self.scheduler.diagnostics(time.monotonic())
+    def diagnostics(self, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE) -> dict[str, Any]:
+        """The scheduler's snapshot (one page of Programs) plus the token estimator's coefficients."""
+        snapshot = self.scheduler.diagnostics(time.monotonic(), offset=offset, limit=limit)
         snapshot["token_estimation"] = self.estimator.diagnostics()
         return snapshot
 

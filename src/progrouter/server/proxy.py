@@ -121,8 +121,8 @@ class AvailableTargetsGate:
     ) -> ProgramTicket | None:
         return await self._gate.acquire(route=route, body=body, raw_body=raw_body, headers=headers)
 
-    def diagnostics(self) -> dict[str, Any]:
-        return self._gate.diagnostics()
+    def diagnostics(self, **page: int) -> dict[str, Any]:
+        return self._gate.diagnostics(**page)
 
     def shed_waiting(self) -> int:
         return self._gate.shed_waiting()
