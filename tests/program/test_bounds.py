@@ -99,7 +99,7 @@ def test_distinct_programs_leave_bounded_state(harness: Any) -> None:
         assert len(core.table) <= 10 + 1
         assert len(core.lineage) == len(core.table)
         assert core.table.fenced <= 10
-        assert len(core.timers) <= 8 * (len(core.table) + len(core.targets)) + 1024
+        assert len(core.timers) <= 2 * 4 * (len(core.table) + len(core.targets)) + 1024
     assert h.program("p0") is None and h.program("p489") is None  # the oldest went first
     assert h.program("p490") is not None and h.program("p499") is not None
     assert len(h.transitions("paused_retention_release")) == 490

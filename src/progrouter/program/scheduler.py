@@ -63,10 +63,6 @@ __all__ = [
 ]
 
 
-# Valid timers per live Program, request or Rank are at most a handful; past this many, compact the heap.
-_STALE_TIMERS_FACTOR = 8
-
-
 class ProgramScheduler:
     """One scheduler for every model pool of a router. Not thread-safe: drive it from one task."""
 
@@ -392,8 +388,7 @@ class ProgramScheduler:
         timeouts last, so a force resume due at the same instant is tried first."""
         core = self._core
         timers = core.timers
-        if len(timers) > _STALE_TIMERS_FACTOR * (len(core.table) + len(core.pool) + len(core.targets)) + 1024:
-            timers.compact(self._timer_valid)  # amortised: the heap at least halves
+        timers.compact(self._timer_valid)
         due = timers.pop_due(now)
         if not due:
             return
