@@ -50,6 +50,7 @@ def test_a_shared_force_deadline_admits_one_waiter_past_the_limits_at_a_time(har
     admitted = [w for w in waiting if h.dispatched(w)]
     assert len(admitted) == 1
     _within_one_overflow(h.rank(), 300)
+    assert h.rank()["router_forced_past_limits"] is True
     assert h.transitions("force_resume") == [T0]
     # as Programs leave, the overdue waiters go, never more than one past the limits; nobody starves
     done: set[int] = set()

@@ -173,6 +173,8 @@ def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, An
         "router_paused_acting_programs": sum(p.status is ProgramStatus.ACTING for p in paused),
         "router_in_flight_requests": sum(p.in_flight for p in rank.active()),
         "router_queued_programs": len(queued),
+        # a forced resume holds this Rank past its limits: further overdue waiters go when it leaves
+        "router_forced_past_limits": rank.overflow is not None,
         "router_queued_requests": sum(core.pool.waiting(p) for p in queued),
         "vllm_kv_cache_usage": None if observation is None else observation.kv_cache_usage,
         "vllm_running_requests": None if observation is None else observation.running,
