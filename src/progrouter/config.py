@@ -179,6 +179,18 @@ class ProgramSchedulingConfig(_Strict):
     shared_prefix_freshness_kv_turnovers: float = 2.0
     decode_buffer_tokens: int = Field(default=100, ge=0)
     max_acting_ttl_seconds: float = 10.0
+    # Caps a request's kv_retention_ttl_seconds hint: an Acting Program keeps its tokens charged for the TTL,
+    # so an unbounded hint (1e308) would pin capacity until the force-resume timeout frees the waiters.
+    max_kv_retention_ttl_seconds: float = 60.0
+    # Requests waiting in the RequestPool, all Programs together; one more gets 429 + Retry-After. Each holds
+    # its body (agent requests: ~0.1-1 MB), so 1,024 keeps a burst to about a gigabyte at worst.
+    max_pooled_requests: int = 1024
+    # Idle Paused Programs kept for resumption (each ~2 KB with its history); past it the one paused longest
+    # ago is released first. Also how many released Programs' generation numbers are remembered.
+    max_paused_programs: int = 10_000
+    # Model pools (one per `model` value with Program traffic); a client can name any model, so past this
+    # many a new name shares `program:all`. A fleet serves a few models and their LoRA adapters.
+    max_model_pools: int = 64
     high_watermark_ratio: float = 1.0
     low_watermark_ratio: float = 1.0
     max_segment_rounds: int = 14
@@ -198,7 +210,9 @@ class ProgramSchedulingConfig(_Strict):
     def _positive(cls, v: float, info: Any) -> float:
         return _finite(str(info.field_name), v, positive=True)
 
-    @field_validator("max_acting_ttl_seconds", "shared_prefix_freshness_warmup_seconds")
+    @field_validator(
+        "max_acting_ttl_seconds", "max_kv_retention_ttl_seconds", "shared_prefix_freshness_warmup_seconds"
+    )
     @classmethod
     def _non_negative(cls, v: float, info: Any) -> float:
         return _finite(str(info.field_name), v)
@@ -206,6 +220,9 @@ class ProgramSchedulingConfig(_Strict):
     @field_validator(
         "hash_virtual_nodes",
         "max_active_programs_per_target",
+        "max_pooled_requests",
+        "max_paused_programs",
+        "max_model_pools",
         "stats_window_size",
         "max_segment_rounds",
         "token_capacity_per_dp_rank",

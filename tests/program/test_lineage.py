@@ -56,4 +56,17 @@ def test_model_pools_are_separate_forests() -> None:
     assert lineage.root_readonly("m2", "child") == "child"
     assert lineage.root_readonly("m1", "child") == "lead"
     assert lineage.root_readonly("m1", "unknown") == "unknown"
-    assert len(lineage) == 2
+    assert len(lineage) == 1  # only observed Programs have an entry; "lead" is just a name
+
+
+def test_forgetting_released_programs_keeps_the_forest_as_large_as_the_live_set() -> None:
+    lineage = ProgramLineage()
+    for i in range(1000):
+        lineage.observe("m", f"p{i}", "lead", f"root{i}")
+        lineage.forget("m", f"p{i}")
+    assert len(lineage) == 0
+    lineage.observe("m", "child", "parent")
+    lineage.observe("m", "parent", "lead")
+    lineage.forget("m", "parent")  # a live child of a released parent still resolves, to the parent's name
+    assert lineage.root("m", "child") == "parent"
+    assert len(lineage) == 1

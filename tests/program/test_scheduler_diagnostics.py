@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from conftest import POOL, T0, T1, Harness
+from progrouter.program.diagnostics import redact
 from progrouter.program.state import ProgramRef
 from progrouter.program.types import BackendObservation
 
@@ -67,10 +68,10 @@ def test_snapshot_exposes_program_and_rank_facts(harness: Any) -> None:
     home = h.program("team:lead")
     assert home is not None and set(home) >= PROGRAM_KEYS
     assert home["program"] == ProgramRef(POOL, "team:lead", 0).redacted_id()
-    assert (
-        len(home["program"]) == 16 and home["root_program_id"] == "team:lead"
-    )  # identity fields stay, as upstream
-    assert (home["state"], home["status"], home["request_id"]) == ("active", "acting", "r-1")
+    # client-chosen ids are redacted (raw ids never leave the router), stably: equal ids, equal digests
+    assert home["root_program_id"] == redact("team:lead") and "team:lead" not in json.dumps(snapshot)
+    assert (home["state"], home["status"], home["request_id"]) == ("active", "acting", redact("r-1"))
+    assert "r-1" not in json.dumps(snapshot)
     assert home["ttl_remaining_seconds"] == pytest.approx(3.0)
     rank = h.rank(home["placement"])
     assert rank["router_active_acting_programs"] == 1
@@ -189,3 +190,21 @@ def test_taking_diagnostics_twice_changes_no_scheduling_outcome(seed: int) -> No
     assert len(decided) > 50  # the scenario does decide things
     assert quiet.diagnostics() == watched.diagnostics()
     assert quiet.observer.events == watched.observer.events
+
+
+def test_programs_are_paged_over_all_ranks(harness: Any) -> None:
+    h: Harness = harness(targets=[T0, T1])
+    for i in range(30):
+        h.complete(h.arrive(f"p{i}"))
+
+    def listed(**page: int) -> list[str]:
+        snapshot = h.scheduler.diagnostics(h.now, **page)
+        assert snapshot["program_page"]["total"] == 30
+        return [p["program"] for rank in snapshot["ranks"] for p in rank["programs"]]
+
+    everything = listed(limit=100)
+    assert len(everything) == 30 and len(set(everything)) == 30
+    pages = [listed(offset=o, limit=7) for o in range(0, 30, 7)]
+    assert [p for page in pages for p in page] == everything  # the pages tile the whole list, in order
+    assert listed(offset=30, limit=7) == []
+    assert len(listed(limit=10**9)) == 30  # the cap only limits, it never fails

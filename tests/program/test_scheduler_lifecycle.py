@@ -3,6 +3,7 @@ shared prefix, force resume, backend observation and global queue."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -240,9 +241,14 @@ def test_no_program_starves_past_its_force_deadline(harness: Any) -> None:
     starving = [h.at(1.0 + i).arrive(f"w{i}") for i in range(3)]
     h.tick(30.9)
     assert not any(h.dispatched(s) for s in starving)
-    for t in (31.0, 32.0, 33.0):
+    h.tick(31.0)
+    assert h.dispatched(starving[0])
+    # one Program past the Rank's limits at a time: each next overdue waiter when the previous one leaves
+    for t, (done, waiting) in zip((32.0, 33.0), itertools.pairwise(starving), strict=True):
         h.tick(t)
-    assert all(h.dispatched(s) for s in starving)
+        assert not h.dispatched(waiting)
+        h.complete(done)
+        assert h.dispatched(waiting)
     assert h.transitions("force_resume") == [T0, T0, T0]
 
 

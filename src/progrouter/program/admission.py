@@ -3,7 +3,9 @@
 The plan (upstream §3.4), in order:
 1. the vLLM waiting gate: with a *fresh* observation whose ``num_requests_waiting`` reaches
    ``admission_waiting_request_threshold`` the Rank takes nobody, not even a forced resume;
-2. a forced resume (its force-resume deadline passed) is admitted past the count and token limits;
+2. a forced resume (its force-resume deadline passed) is admitted past the count and token limits, but
+   only one at a time per Rank: while a Program admitted past the limits is Active there, a forced
+   candidate that does not fit waits (``FORCE_BOUND``), so a deadline shared by many waiters is no stampede;
 3. the count guard ``active + 1 ≤ max_active_programs_per_target`` (the only guard without token capacity);
 4. token capacity: ``used + required ≤ C × low_watermark`` (immediate), and with the growth reserve too;
    when only the reserve fails, batch-gain admission may still admit.
@@ -39,6 +41,7 @@ class Rejection(StrEnum):
     COUNT = "count"  # blocks every candidate that is not forced
     CAPACITY = "capacity"  # this candidate's demand does not fit; a smaller one might
     RESERVE = "reserve"  # fits now, not with the growth reserve, and batch gain does not cover it
+    FORCE_BOUND = "force_bound"  # forced, does not fit, and the Rank already holds one past its limits
 
 
 class Verdict(StrEnum):
@@ -59,6 +62,7 @@ class RankView:
         "factors",
         "gate_blocked",
         "low_tokens",
+        "overflow_busy",
         "target_id",
         "target_rounds",
         "used",
@@ -83,6 +87,7 @@ class RankView:
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
         self.active = rank.active_count
+        self.overflow_busy = rank.overflow is not None
         self.used = used
         capacity = config.token_capacity_per_dp_rank
         self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
@@ -204,6 +209,7 @@ class AdmissionPlan:
     target_id: str
     forced: bool
     batch_gain: bool
+    overflow: bool  # a forced admission past the Rank's limits
     active: int
     used: float
     required: int
@@ -228,8 +234,9 @@ def uncached_tokens(program: Program) -> int:
 
 
 def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
-    """Admit a queued ``program`` on the view's Rank now? The waiting gate, then a forced resume (past
-    count and tokens), then ``judge`` with the demand it was queued with."""
+    """Admit a queued ``program`` on the view's Rank now? The waiting gate, then ``judge`` with the demand
+    it was queued with; a forced resume passes a refusal unless the Rank already holds one past its
+    limits."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
     force = program.force_resume
@@ -237,20 +244,24 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
     entry = program.queue_entry
     assert entry is not None
     required = entry.required
-    batch_gain = False
-    if not forced:
-        verdict = view.judge(required, uncached_tokens(program))
-        if isinstance(verdict, Rejection):
+    batch_gain = overflow = False
+    verdict = view.judge(required, uncached_tokens(program))
+    if isinstance(verdict, Rejection):
+        if not forced:
             return verdict
-        if verdict is Verdict.BATCH_GAIN:
-            shared = program.shared_prefix.tokens
-            if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
-                return Rejection.RESERVE
-            batch_gain = True
+        if view.overflow_busy:
+            return Rejection.FORCE_BOUND
+        overflow = True
+    elif not forced and verdict is Verdict.BATCH_GAIN:
+        shared = program.shared_prefix.tokens
+        if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
+            return Rejection.RESERVE
+        batch_gain = True
     return AdmissionPlan(
         target_id=view.target_id,
         forced=forced,
         batch_gain=batch_gain,
+        overflow=overflow,
         active=view.active,
         used=view.used,
         required=required,
@@ -266,6 +277,7 @@ def plan_binding_only(core: Core, program: Program, now: float) -> AdmissionPlan
         target_id=view.target_id,
         forced=False,
         batch_gain=False,
+        overflow=False,
         active=view.active,
         used=view.used,
         required=required_tokens(program, core.pool, core.config.decode_buffer_tokens),

@@ -19,7 +19,7 @@ from progrouter.program.outcomes import Outcome, ProgramDispatch
 from progrouter.program.pool import RequestPool
 from progrouter.program.queues import RankQueues
 from progrouter.program.resume import ForceResumeWork
-from progrouter.program.state import ProgramTable
+from progrouter.program.state import Program, ProgramTable
 from progrouter.program.timers import Timers
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
@@ -38,6 +38,7 @@ class Core:
         "observer",
         "outcomes",
         "outstanding",
+        "paused_idle",
         "pool",
         "pool_targets",
         "queues",
@@ -63,7 +64,9 @@ class Core:
         self.pool = RequestPool()
         self.agenda = Agenda()
         self.ledger = CapacityLedger(capacity, config.metrics_interval_seconds, self.agenda)
-        self.table = ProgramTable(self.ledger, self.pool, config.max_segment_rounds)
+        self.table = ProgramTable(
+            self.ledger, self.pool, config.max_segment_rounds, config.max_paused_programs
+        )
         self.queues = RankQueues(self.agenda, pool_order=config.global_queue)
         self.work = ForceResumeWork()
         self.binder = Binder(config, cache_index)
@@ -76,6 +79,8 @@ class Core:
         self.tracked_pools: set[str] = set()  # pools that have seen Program traffic
         self.outcomes: list[Outcome] = []
         self.outstanding: dict[int, ProgramDispatch] = {}  # handle id -> dispatch awaiting completion
+        # idle Paused Programs, oldest first (lifecycle's): past max_paused_programs the oldest is released
+        self.paused_idle: dict[Program, None] = {}
 
     def rank_factors(self, target_id: str) -> RankFactors:
         factors = self.factors.get(target_id)

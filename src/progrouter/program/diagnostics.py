@@ -2,11 +2,14 @@
 
 Nothing here runs on the arrival or completion path. The snapshot is JSON-ready (no infinities), lists every
 known Rank with its capacity, usage, accounting source and rolling statistics, and the Programs attributed to
-it by their last Rank, sorted by redacted id. Gauges carry only target ids and bounded enums.
+it by their last Rank, sorted by redacted id, one page of them at a time (``program_page``); client-chosen ids
+(task, session, agent, parent, root, request) are shown redacted. Gauges carry only target ids and bounded
+enums.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 from progrouter.program.ledger import RankAccount, program_private_tokens
@@ -77,8 +80,39 @@ def publish_gauges(core: Core, now: float) -> None:
         )
 
 
-def snapshot(core: Core, now: float) -> dict[str, Any]:
+#: Program entries one snapshot lists unless asked for fewer or more (``limit``), and the most it lists: at
+#: ~1.2 KB of JSON each, a page stays well under a megabyte however many Programs are live.
+DEFAULT_PROGRAM_PAGE = 500
+MAX_PROGRAM_PAGE = 5000
+
+
+class _Pager:
+    """Which Program entries a snapshot lists: ``limit`` of them from ``offset``, over the Ranks in order."""
+
+    __slots__ = ("limit", "offset", "seen")
+
+    def __init__(self, offset: int, limit: int) -> None:
+        self.offset, self.limit, self.seen = offset, limit, 0
+
+    def take(self, programs: list[Program]) -> list[Program]:
+        start = max(0, self.offset - self.seen)
+        stop = max(start, self.offset + self.limit - self.seen)
+        self.seen += len(programs)
+        return programs[start:stop]
+
+
+def redact(value: str | None) -> str | None:
+    """A client-chosen id as diagnostics show it: 16 hex digits of a stable hash (as the logs redact)."""
+    if value is None:
+        return None
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def snapshot(core: Core, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE) -> dict[str, Any]:
+    """The §5.6 snapshot; Program entries are paged (``offset``/``limit`` over all Ranks' lists)."""
     config = core.config
+    pager = _Pager(offset, min(limit, MAX_PROGRAM_PAGE))
+    ranks = [_rank(core, target_id, now, pager) for target_id in sorted(core.targets)]
     return {
         "enabled": True,
         "binding_only": config.binding_only,
@@ -88,11 +122,13 @@ def snapshot(core: Core, now: float) -> dict[str, Any]:
         "cross_rank_headroom_ratio": config.cross_rank_headroom_ratio,
         "retained_requests": len(core.pool),
         "programs": len(core.table),
-        "ranks": [_rank(core, target_id, now) for target_id in sorted(core.targets)],
+        "model_pools": len(core.pool_targets),
+        "program_page": {"offset": offset, "limit": pager.limit, "total": pager.seen},
+        "ranks": ranks,
     }
 
 
-def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
+def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, Any]:
     config = core.config
     target = core.targets[target_id]
     ledger = core.ledger
@@ -137,6 +173,8 @@ def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
         "router_paused_acting_programs": sum(p.status is ProgramStatus.ACTING for p in paused),
         "router_in_flight_requests": sum(p.in_flight for p in rank.active()),
         "router_queued_programs": len(queued),
+        # a forced resume holds this Rank past its limits: further overdue waiters go when it leaves
+        "router_forced_past_limits": rank.overflow is not None,
         "router_queued_requests": sum(core.pool.waiting(p) for p in queued),
         "vllm_kv_cache_usage": None if observation is None else observation.kv_cache_usage,
         "vllm_running_requests": None if observation is None else observation.running,
@@ -145,7 +183,7 @@ def _rank(core: Core, target_id: str, now: float) -> dict[str, Any]:
         "observation_fresh": age is not None and observation_fresh(age, config.metrics_interval_seconds),
         "capacity_accounting_source": ledger.source(target_id, now).value,
         "rolling": _rolling(core, core.factors.get(target_id)),
-        "programs": [_program(core, p, now) for p in attributed],
+        "programs": [_program(core, p, now) for p in pager.take(attributed)],
     }
 
 
@@ -201,16 +239,16 @@ def _program(core: Core, program: Program, now: float) -> dict[str, Any]:
         "state": program.state.value,
         "status": program.status.value,
         "expected_resume": identity.expected_resume,
-        "task_id": identity.task_id,
-        "session_id": identity.session_id,
-        "agent_id": identity.agent_id,
-        "parent_program_id": identity.parent_program_id,
-        "root_program_id": core.lineage.root_readonly(program.ref.model_pool, program.ref.program_id),
+        "task_id": redact(identity.task_id),
+        "session_id": redact(identity.session_id),
+        "agent_id": redact(identity.agent_id),
+        "parent_program_id": redact(identity.parent_program_id),
+        "root_program_id": redact(core.lineage.root_readonly(program.ref.model_pool, program.ref.program_id)),
         "blocks_parent": identity.blocks_parent,
         "agent_role": identity.agent_role,
         "spawn_reason": identity.spawn_reason,
         "step_id": program.step_id,
-        "request_id": hints.request_id,
+        "request_id": redact(hints.request_id),
         "request_priority": hints.priority,
         "request_deadline_seconds": hints.deadline_seconds,
         "expected_output_tokens": hints.expected_output_tokens,

@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
     from progrouter.program.state import Program, RankPrograms
 
-GENERATION_FENCE_MIN_SECONDS = 60.0
-
 
 # --------------------------------------------------------------------------------------------- arrival side
 def arrived(core: Core, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
@@ -65,6 +63,7 @@ def arrived(core: Core, program: Program, request: ProgramRequest, now: float, *
         record_continuity(core, program, now)
         program.identity = identity
         program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
+    core.paused_idle.pop(program, None)  # it has a request: not idle any more
     core.lineage.observe(
         request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
     )
@@ -214,7 +213,7 @@ def _went_idle(
     else:
         hint_ttl = dispatch.hints.kv_retention_ttl_seconds
         if hint_ttl is not None:
-            arm_ttl(core, program, hint_ttl, "request_hint", now)
+            arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
         else:
             factors = core.factors.get(dispatch.target.id)
             ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)
@@ -396,10 +395,22 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
 
 
 def arm_retention(core: Core, program: Program) -> None:
-    """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused."""
+    """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused, or earlier
+    by ``release_excess_paused``."""
     assert program.pause is not None
     due = program.pause.at + core.config.paused_retention_ttl_seconds
     core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
+    idle = core.paused_idle
+    idle.pop(program, None)
+    idle[program] = None
+
+
+def release_excess_paused(core: Core, now: float) -> None:
+    """More than ``max_paused_programs`` idle Paused Programs: release those that went idle longest ago.
+    Run between events' steps (never inside a loop over Programs), so nobody is released under a caller."""
+    idle = core.paused_idle
+    while len(idle) > core.config.max_paused_programs:
+        release(core, next(iter(idle)), now, reason="paused_retention_release")
 
 
 def on_retention_timer(core: Core, program: Program, now: float) -> None:
@@ -414,14 +425,15 @@ def on_retention_timer(core: Core, program: Program, now: float) -> None:
 
 
 def release(core: Core, program: Program, now: float, *, reason: str | None = None) -> None:
-    """End the generation: capacity, binding and queue entries go; its number stays fenced for a while."""
+    """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
+    stays fenced while it is among the most recently released)."""
     target = program.placement or program.last_target
     core.queues.remove(program)
     core.table.release(program)
+    core.paused_idle.pop(program, None)
+    core.lineage.forget(program.ref.model_pool, program.ref.program_id)
     if reason is not None and target is not None:
         core.observer.transition(target, reason)
-    fence = max(core.config.paused_retention_ttl_seconds, GENERATION_FENCE_MIN_SECONDS)
-    core.timers.add(now + fence, TimerKind.PRUNE_GENERATION, program.key)
 
 
 # --------------------------------------------------------------------------------------------- segment yield

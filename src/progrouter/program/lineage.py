@@ -4,7 +4,8 @@ Each Program points at its declared parent or root; the forest is a directed uni
 close a cycle is refused (the Program keeps its previous link), and root lookups compress the path they walk,
 so repeated lookups stay short. It grants no scheduling privilege: it only answers "which root does this
 Program belong to" for diagnostics. Keys are (model_pool, program_id): equal ids of different models never
-meet.
+meet. Only live Programs have an entry (``forget`` on release), so the forest is as large as the Program
+table: a declared parent or root that is not live is just a name, and a walk ends at it.
 """
 
 from __future__ import annotations
@@ -37,23 +38,24 @@ class ProgramLineage:
             if related is None or related == program_id:
                 continue
             link = (model_pool, related)
-            self._parents.setdefault(link, link)
             if not self._would_cycle(program, link):
                 self._parents[program] = link
         return self.root(model_pool, program_id)
 
     def root(self, model_pool: str, program_id: str) -> str:
         """The Program's root, compressing the walked path to point straight at it."""
-        start = (model_pool, program_id)
-        self._parents.setdefault(start, start)
         path: list[_Key] = []
-        current = start
-        while (parent := self._parents[current]) != current:
+        current = (model_pool, program_id)
+        while (parent := self._parents.get(current, current)) != current:
             path.append(current)
             current = parent
         for node in path:
             self._parents[node] = current
         return current[1]
+
+    def forget(self, model_pool: str, program_id: str) -> None:
+        """A released Program leaves the forest; links to it still end at its name."""
+        self._parents.pop((model_pool, program_id), None)
 
     def root_readonly(self, model_pool: str, program_id: str) -> str:
         """The Program's root without touching the forest (for snapshots); itself when unknown."""

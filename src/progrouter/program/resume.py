@@ -262,7 +262,7 @@ def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: flo
     previous = program.last_target
     target = plan.target_id
     stop_waiting(core, program)
-    core.table.activate(program, target, plan.required)
+    core.table.activate(program, target, plan.required, overflow=plan.overflow)
     lifecycle.activated(program, now)
     observer = core.observer
     capacity = core.config.token_capacity_per_dp_rank

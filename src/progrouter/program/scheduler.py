@@ -22,7 +22,12 @@ from progrouter.program import lifecycle
 from progrouter.program.admission import plan_binding_only
 from progrouter.program.binding import binding_candidates
 from progrouter.program.core import Core
-from progrouter.program.diagnostics import publish_gauges, report_accounting_sources, snapshot
+from progrouter.program.diagnostics import (
+    DEFAULT_PROGRAM_PAGE,
+    publish_gauges,
+    report_accounting_sources,
+    snapshot,
+)
 from progrouter.program.dispatch import serve_active
 from progrouter.program.ledger import ObservationEpoch
 from progrouter.program.observer import NullObserver, SchedulerObserver
@@ -40,7 +45,7 @@ from progrouter.program.resume import (
 )
 from progrouter.program.state import AA, PA, Program
 from progrouter.program.timers import TimerKind
-from progrouter.program.types import BackendObservation, NoTargets, UsageObservation
+from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
@@ -82,14 +87,15 @@ class ProgramScheduler:
         if old_ids == new_ids:
             core.targets.update(by_id)
             return
-        core.ledger.rank_set_changed()
+        removed = sorted(set(old_ids or ()) - set(new_ids))
+        if removed or any(t not in core.targets for t in new_ids):
+            core.ledger.rank_set_changed()  # a new pool over known Ranks keeps a scrape in progress valid
         core.pool_targets[model_pool] = new_ids
         core.binder.pool_changed(model_pool)
         for target_id, target in by_id.items():
             core.targets[target_id] = target
             core.target_pools.setdefault(target_id, set()).add(model_pool)
             core.ledger.account(target_id)
-        removed = sorted(set(old_ids or ()) - set(new_ids))
         moved: list[Program] = []
         for target_id in removed:
             core.target_pools[target_id].discard(model_pool)
@@ -173,8 +179,11 @@ class ProgramScheduler:
         self._advance(now)
         if not core.pool_targets.get(request.model_pool):
             raise NoTargets()
-        core.tracked_pools.add(request.model_pool)
         program = core.table.get(request.model_pool, request.identity.program_id)
+        limit = self.config.max_pooled_requests
+        if len(core.pool) >= limit and (program is None or not program.active):
+            raise PoolFull(limit)  # it would wait, and the pool is full: refused before anything changes
+        core.tracked_pools.add(request.model_pool)
         new = program is None
         if program is None:
             home = self._bind(
@@ -346,8 +355,10 @@ class ProgramScheduler:
     def next_deadline(self) -> float | None:
         return self._core.timers.next_time(self._timer_valid)
 
-    def diagnostics(self, now: float) -> dict[str, Any]:
-        return snapshot(self._core, now)
+    def diagnostics(
+        self, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE
+    ) -> dict[str, Any]:
+        return snapshot(self._core, now, offset=offset, limit=limit)
 
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
@@ -355,8 +366,6 @@ class ProgramScheduler:
         if kind is TimerKind.QUEUE_TIMEOUT:
             assert isinstance(payload, RequestHandle)
             return core.pool.owner(payload) is not None
-        if kind is TimerKind.PRUNE_GENERATION:
-            return True
         if kind is TimerKind.OBSERVATION_STALE:
             assert isinstance(payload, str)
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
@@ -378,7 +387,9 @@ class ProgramScheduler:
         """Run the timers due at ``now``: TTL expiry, retention, observation expiry, force deadlines; queue
         timeouts last, so a force resume due at the same instant is tried first."""
         core = self._core
-        due = core.timers.pop_due(now)
+        timers = core.timers
+        timers.compact(self._timer_valid)
+        due = timers.pop_due(now)
         if not due:
             return
         timeouts: list[RequestHandle] = []
@@ -386,9 +397,6 @@ class ProgramScheduler:
             if kind is TimerKind.QUEUE_TIMEOUT:
                 assert isinstance(payload, RequestHandle)
                 timeouts.append(payload)
-            elif kind is TimerKind.PRUNE_GENERATION:
-                assert isinstance(payload, tuple)
-                core.table.forget_generation(*payload)
             elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
@@ -416,6 +424,7 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
+        lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
         while agenda:

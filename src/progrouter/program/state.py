@@ -234,7 +234,16 @@ class Program:
 class RankPrograms:
     """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
 
-    __slots__ = ("acting", "attributed", "impacts", "marked", "reasoning", "reasoning_context", "rounds")
+    __slots__ = (
+        "acting",
+        "attributed",
+        "impacts",
+        "marked",
+        "overflow",
+        "reasoning",
+        "reasoning_context",
+        "rounds",
+    )
 
     def __init__(self, max_rounds: int) -> None:
         self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
@@ -246,6 +255,8 @@ class RankPrograms:
         self.rounds = [0] * (max_rounds + 1)
         self.impacts = [0.0] * (max_rounds + 1)
         self.reasoning_context = 0  # Σ estimated context of the Active+Reasoning Programs
+        # The one Program a forced resume admitted past this Rank's limits; the next waits until it leaves.
+        self.overflow: Program | None = None
 
     def _bucket(self, program: Program) -> int:
         return min(program.rounds_since_activation, len(self.rounds) - 1)
@@ -284,12 +295,15 @@ class RankPrograms:
 class ProgramTable:
     """The Programs of every model pool, their generations and per-Rank indexes."""
 
-    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int) -> None:
+    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int, fence_size: int) -> None:
         self._ledger = ledger
         self._pool = pool
         self._max_rounds = max_rounds
         self._programs: dict[tuple[str, str], Program] = {}
-        self._last_generation: dict[tuple[str, str], int] = {}
+        # The last generation of the ``fence_size`` most recently released Programs, oldest first: a
+        # returning id continues its numbering; older ones start again at 0 (epochs keep completions safe).
+        self._fence_size = fence_size
+        self._released: dict[tuple[str, str], int] = {}
         self._ranks: dict[str, RankPrograms] = {}
         self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
         self._serials = itertools.count()
@@ -338,9 +352,8 @@ class ProgramTable:
         key = (model_pool, identity.program_id)
         if key in self._programs:
             raise IllegalTransition(f"a generation of {key!r} is live already")
-        previous = self._last_generation.get(key)
+        previous = self._released.pop(key, None)
         generation = 0 if previous is None else previous + 1
-        self._last_generation[key] = generation
         ref = ProgramRef(model_pool, identity.program_id, generation)
         program = Program(ref, identity, next(self._serials), ref.redacted_id(), now)
         program.home_target = home
@@ -348,18 +361,18 @@ class ProgramTable:
         self._attribute(program, home)
         return program
 
-    def forget_generation(self, model_pool: str, program_id: str) -> None:
-        """Prune a released generation's counter (after the fencing retention); epochs stay unique anyway."""
-        key = (model_pool, program_id)
-        if key not in self._programs:
-            self._last_generation.pop(key, None)
+    @property
+    def fenced(self) -> int:
+        """Released Programs whose generation number is remembered (at most ``fence_size``)."""
+        return len(self._released)
 
     def retain(self, program: Program) -> None:
         """A request arrived: the Program is Reasoning until it is idle again."""
         self._move(program, Event.RETAIN)
 
-    def activate(self, program: Program, target_id: str, tokens: int) -> None:
-        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity."""
+    def activate(self, program: Program, target_id: str, tokens: int, *, overflow: bool = False) -> None:
+        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity;
+        ``overflow``: a forced resume past the Rank's limits (at most one per Rank at a time)."""
         self._move(program, Event.ACTIVATE)
         program.placement = target_id
         program.placement_epoch = next(self._epochs)
@@ -370,6 +383,8 @@ class ProgramTable:
         rank.reasoning[program] = None
         rank.reasoning_context += program.estimated_context_tokens
         rank._enter(program)
+        if overflow:
+            rank.overflow = program
         self._ledger.charge(program, target_id, tokens)
 
     def count_round(self, program: Program) -> None:
@@ -445,7 +460,11 @@ class ProgramTable:
         if target is not None:
             self._leave_placement(program, target)
         self._attribute(program, None, unbind=False)
-        del self._programs[program.key]
+        key = program.key
+        del self._programs[key]
+        self._released[key] = program.ref.generation
+        if len(self._released) > self._fence_size:
+            del self._released[next(iter(self._released))]
 
     def rebind(self, program: Program, target_id: str | None) -> None:
         """A Paused Program's home and last Rank become ``target_id`` (failover, or its pool came back)."""
@@ -500,6 +519,8 @@ class ProgramTable:
         rank.acting.pop(program, None)
         rank.marked.pop(program, None)
         rank._leave(program)
+        if rank.overflow is program:
+            rank.overflow = None
         program.pause_when_idle = False
         program.placement = None
         program.placement_start_pending = False

@@ -27,19 +27,19 @@ class TimerKind(IntEnum):
     PAUSED_RETENTION = 1
     OBSERVATION_STALE = 2
     FORCE_RESUME = 3
-    PRUNE_GENERATION = 4
-    QUEUE_TIMEOUT = 5
+    QUEUE_TIMEOUT = 4
 
 
 Due = tuple[float, TimerKind, object]
 
 
 class Timers:
-    __slots__ = ("_heap", "_seq")
+    __slots__ = ("_floor", "_heap", "_seq")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
+        self._floor = 0  # entries left by the last compaction (all valid then)
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -71,6 +71,16 @@ class Timers:
             when, kind, _, payload = heapq.heappop(heap)
             out.append((when, TimerKind(kind), payload))
         return out
+
+    def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
+        """Drop every stale entry once the heap has doubled since the last compaction (amortised O(1) per
+        entry), not only those at the top: Programs released long before their entries fall due (a capped
+        retention, a cancelled wait) would otherwise stay referenced until then."""
+        if len(self._heap) <= 2 * self._floor + 1024:
+            return
+        self._heap = [e for e in self._heap if still_valid(e[0], TimerKind(e[1]), e[3])]
+        heapq.heapify(self._heap)
+        self._floor = len(self._heap)
 
     def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
         """The earliest entry that still matters, discarding stale ones from the top."""

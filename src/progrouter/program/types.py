@@ -26,6 +26,16 @@ class NoTargets(ScheduleError):
         super().__init__("no healthy DP targets are available")
 
 
+class PoolFull(ScheduleError):
+    """The RequestPool holds ``max_pooled_requests``: a request that would wait is refused at once (429 with
+    ``Retry-After``), so a burst cannot grow memory without bound. Nothing about the Program changes."""
+
+    status = 429
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the Program request pool is full ({limit} requests waiting); retry later")
+
+
 class QueueTimeout(ScheduleError):
     status = 429
 

@@ -117,10 +117,19 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_diagnostics(request: web.Request) -> web.Response:
+    """The Program snapshot, one page of Programs: ``?offset=N&limit=M`` (limit capped by the scheduler)."""
     gate = request.app[STATE_KEY].gate
     if gate is None:
         return json_error(404, "Program scheduling is not enabled")
-    return json_response(gate.diagnostics())
+    page: dict[str, int] = {}
+    for name in ("offset", "limit"):
+        raw = request.query.get(name)
+        if raw is None:
+            continue
+        if not raw.isdigit() or len(raw) > 9:
+            return json_error(400, f"{name} must be a non-negative integer")
+        page[name] = int(raw)
+    return json_response(gate.diagnostics(**page))
 
 
 async def _not_found(request: web.Request) -> web.Response:

@@ -15,7 +15,9 @@ Around that, three things keep the core fed, all with ``time.monotonic()``:
 
 Model pools: a request naming a model joins ``program:model:<model>``, one without joins ``program:all``.
 Every healthy Rank serves every pool: the router does not learn which worker serves which model (upstream
-consults its worker registry's model labels). This module makes no scheduling decision of its own.
+consults its worker registry's model labels). A client can name any ``model``, so pools are bounded: past
+``max_model_pools`` a new name joins ``program:all`` (the worker still answers for that model, 404 if it has
+none). This module makes no scheduling decision of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
+from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE
 from progrouter.program.identity import extract_identity
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest
 from progrouter.program.pool import RequestHandle
@@ -184,6 +187,8 @@ class ProgramGate:
         Raises ``InvalidIdentity`` (400), ``NoTargets`` (503) or ``QueueTimeout`` (429).
         """
         pool = model_pool_of(body)
+        if pool not in self._pools and len(self._pools) >= self.config.max_model_pools:
+            pool = ALL_MODELS_POOL
         found = extract_identity(
             body,
             headers,
@@ -233,9 +238,9 @@ class ProgramGate:
         self._drain(now)
         return shed
 
-    def diagnostics(self) -> dict[str, Any]:
-        """The scheduler's snapshot plus the token estimator's coefficients."""
-        snapshot = self.scheduler.diagnostics(time.monotonic())
+    def diagnostics(self, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE) -> dict[str, Any]:
+        """The scheduler's snapshot (one page of Programs) plus the token estimator's coefficients."""
+        snapshot = self.scheduler.diagnostics(time.monotonic(), offset=offset, limit=limit)
         snapshot["token_estimation"] = self.estimator.diagnostics()
         return snapshot
 

@@ -121,8 +121,8 @@ class AvailableTargetsGate:
     ) -> ProgramTicket | None:
         return await self._gate.acquire(route=route, body=body, raw_body=raw_body, headers=headers)
 
-    def diagnostics(self) -> dict[str, Any]:
-        return self._gate.diagnostics()
+    def diagnostics(self, **page: int) -> dict[str, Any]:
+        return self._gate.diagnostics(**page)
 
     def shed_waiting(self) -> int:
         return self._gate.shed_waiting()
@@ -283,8 +283,12 @@ def _record(call: _Call, target_id: str, status: int | None, error_type: str | N
 
 
 def _fail(call: _Call, status: int, message: str, error_type: str) -> web.Response:
+    """The router's own error answer; a 429 (a full pool or queue, a queue timeout) says when to retry."""
     _record(call, NO_TARGET, status, error_type)
-    return json_error(status, message)
+    response = json_error(status, message)
+    if status == 429:
+        response.headers["Retry-After"] = "1"
+    return response
 
 
 # --------------------------------------------------------------------------------- choosing a target
