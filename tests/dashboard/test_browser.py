@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from integration.helpers import CAPACITY, program_body, words
+from progrouter.program.diagnostics import redact
 from progrouter.server.runner import RunningRouter
 from support.browser import Browser
 from support.factories import EngineFactory, RouterFactory
@@ -63,7 +64,10 @@ async def test_the_page_shows_both_ranks_and_a_program_moving(
         await post(client, router, "watched-a", 300, ttl=3.0, task="watched")
         diagnostics = await (await client.get(router.url + "/scheduling/diagnostics")).json()
         (watched,) = [
-            p["program"] for r in diagnostics["ranks"] for p in r["programs"] if p["task_id"] == "watched"
+            p["program"]
+            for r in diagnostics["ranks"]
+            for p in r["programs"]
+            if p["task_id"] == redact("watched")
         ]
         await browser.wait_for(f"{state_of(watched)} === 'running'")
         await browser.wait_for(f"{state_of(watched)} === 'retained'")  # its 3 s TTL ran out

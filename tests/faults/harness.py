@@ -114,8 +114,11 @@ class ForceResumeWatch:
                 d = await self.rig.diagnostics()
                 self.samples += 1
                 for rank in d["ranks"]:
-                    if _gated(rank, self.rig.program):
-                        continue  # the vLLM waiting gate blocks even a forced resume (as upstream)
+                    if _gated(rank, self.rig.program) or rank.get("router_forced_past_limits"):
+                        # the vLLM waiting gate blocks even a forced resume (as upstream), and a Rank already
+                        # holding one Program forced past its limits takes the next overdue one only when
+                        # that one leaves (the bound on forced resumes, docs/scheduler.md)
+                        continue
                     for p in rank["programs"]:
                         timeout = p["force_resume_timeout_seconds"]
                         if p["state"] != "paused" or not p["waiting_requests"] or timeout is None:
