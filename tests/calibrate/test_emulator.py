@@ -17,8 +17,10 @@ pytestmark = pytest.mark.timeout(120)
 
 # Wall-clock coefficients; the emulator gets them ×SCALE and runs SCALE× faster, so what calibrate sees on
 # the wire (and multiplies back by --time-scale SCALE) is SCALE× these. HTTP overhead is not scaled by the
-# emulator, so the intercept is kept large against it (~2 ms on loopback).
+# emulator, so the intercept is kept large against it (~2 ms on loopback) and may exceed its true value by
+# the round trip: up to HTTP_SLACK_WALL of latency (a busy 2-core machine measured 7–20 ms), never less.
 SCALE = 4.0
+HTTP_SLACK_WALL = 0.025
 WALL = {
     "intercept_seconds": 0.1,
     "linear_seconds_per_1k_tokens": 0.05,
@@ -55,7 +57,10 @@ def test_fit_recovers_emulator_coefficients_within_5_percent(
     doc = json.loads(out.read_text())
     for name, wall in WALL.items():
         fitted = doc[KEYS[name]]
-        assert fitted == pytest.approx(wall * SCALE, rel=0.05), (name, fitted, wall * SCALE)
+        if name == "intercept_seconds":  # the fixed cost also carries the unscaled HTTP round trip
+            assert wall * SCALE * 0.95 <= fitted <= wall * SCALE * 1.05 + HTTP_SLACK_WALL * SCALE, fitted
+        else:
+            assert fitted == pytest.approx(wall * SCALE, rel=0.05), (name, fitted, wall * SCALE)
     quality = doc["fit_quality"]
     assert quality["prefill"]["r_squared"] > 0.99 and quality["decode"]["r_squared"] > 0.99
     assert quality["prefill"]["samples"] == 8 and quality["decode"]["samples"] == 6
