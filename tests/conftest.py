@@ -15,6 +15,7 @@ from progrouter.engine import EngineConfig
 from progrouter.engine.server import RunningEngine, start_engine
 from progrouter.server.runner import RunningRouter, start_router
 from support.factories import EngineFactory, RouterFactory, router_config
+from support.stopping import stopping
 
 
 @pytest.fixture
@@ -26,34 +27,25 @@ def engine_defaults() -> dict[str, Any]:
 @pytest.fixture
 async def make_engine(engine_defaults: dict[str, Any]) -> AsyncIterator[EngineFactory]:
     """``await make_engine(**fields)``: an emulator on a free loopback port, stopped after the test."""
-    started: list[RunningEngine] = []
 
-    async def make(**overrides: Any) -> RunningEngine:
-        fields = {"port": 0, **engine_defaults, **overrides}
-        engine = await start_engine(EngineConfig.model_validate(fields))
-        started.append(engine)
-        return engine
+    async def start(**overrides: Any) -> RunningEngine:
+        return await start_engine(EngineConfig.model_validate({"port": 0, **engine_defaults, **overrides}))
 
-    yield make
-    for engine in started:
-        await engine.stop()
+    async with stopping(start) as make:
+        yield make
 
 
 @pytest.fixture
 async def make_router() -> AsyncIterator[RouterFactory]:
     """``await make_router(worker_urls, program=None, **fields)``: see ``support.factories.router_config``."""
-    started: list[RunningRouter] = []
 
-    async def make(
+    async def start(
         worker_urls: list[str], program: dict[str, Any] | None = None, **overrides: Any
     ) -> RunningRouter:
-        router = await start_router(router_config(worker_urls, program, **overrides))
-        started.append(router)
-        return router
+        return await start_router(router_config(worker_urls, program, **overrides))
 
-    yield make
-    for router in started:
-        await router.stop()
+    async with stopping(start) as make:
+        yield make
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from aiohttp import web
 from progrouter.server.runner import RunningRouter
 from support.factories import EngineFactory, RouterFactory
 from support.loopback import serve_app
+from support.stopping import stopping
 
 MODEL = "emu"
 PROGRAM: dict[str, Any] = {"token_capacity_per_dp_rank": 3000}
@@ -43,6 +44,11 @@ class Recorder:
 
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    runner: web.AppRunner | None = None
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
 
     async def handle(self, request: web.Request) -> web.Response:
         await request.read()
@@ -53,21 +59,18 @@ class Recorder:
         return web.json_response({"choices": [{"text": "ok", "index": 0}], "usage": {"total_tokens": 1}})
 
 
+async def start_recorder() -> Recorder:
+    recorder = Recorder()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", recorder.handle)
+    recorder.runner, recorder.url = await serve_app(app)
+    return recorder
+
+
 @pytest.fixture
 async def make_recorder() -> AsyncIterator[Callable[[], Awaitable[Recorder]]]:
-    runners: list[web.AppRunner] = []
-
-    async def make() -> Recorder:
-        recorder = Recorder()
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", recorder.handle)
-        runner, recorder.url = await serve_app(app)
-        runners.append(runner)
-        return recorder
-
-    yield make
-    for runner in runners:
-        await runner.cleanup()
+    async with stopping(start_recorder) as make:
+        yield make
 
 
 @pytest.fixture
