@@ -30,10 +30,10 @@ from progrouter.program.policy import (
 )
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.factors import RankFactors
     from progrouter.program.state import Program, RankPrograms
     from progrouter.program.types import BackendObservation
+    from progrouter.program.views import Queueing, RankSource
 
 
 class Rejection(StrEnum):
@@ -216,7 +216,7 @@ class AdmissionPlan:
     reserve: float
 
 
-def rank_view(core: Core, target_id: str, now: float) -> RankView:
+def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
     """The view of one Rank now, from the table, the rolling statistics and the ledger."""
     return RankView(
         core.config,
@@ -257,29 +257,26 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
         if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
             return Rejection.RESERVE
         batch_gain = True
-    return AdmissionPlan(
-        target_id=view.target_id,
-        forced=forced,
-        batch_gain=batch_gain,
-        overflow=overflow,
-        active=view.active,
-        used=view.used,
-        required=required,
-        reserve=view.reserve,
-    )
+    return _admission(view, required, view.reserve, forced=forced, batch_gain=batch_gain, overflow=overflow)
 
 
-def plan_binding_only(core: Core, program: Program, now: float) -> AdmissionPlan:
+def plan_binding_only(core: Queueing, program: Program, now: float) -> AdmissionPlan:
     """``binding_only``: the Program is admitted on its last Rank with no capacity check at all."""
     assert program.last_target is not None
     view = rank_view(core, program.last_target, now)
+    return _admission(view, required_tokens(program, core.pool, core.config.decode_buffer_tokens), 0.0)
+
+
+def _admission(
+    view: RankView,
+    required: int,
+    reserve: float,
+    *,
+    forced: bool = False,
+    batch_gain: bool = False,
+    overflow: bool = False,
+) -> AdmissionPlan:
+    """The plan to admit a candidate of demand ``required`` on the view's Rank as it stands."""
     return AdmissionPlan(
-        target_id=view.target_id,
-        forced=False,
-        batch_gain=False,
-        overflow=False,
-        active=view.active,
-        used=view.used,
-        required=required_tokens(program, core.pool, core.config.decode_buffer_tokens),
-        reserve=0.0,
+        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve
     )

@@ -26,7 +26,7 @@ from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
+    from progrouter.program.views import Queueing
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class Binder:
 
 
 def binding_candidates(
-    core: Core, model_pool: str, estimated_context_tokens: int, now: float
+    core: Queueing, model_pool: str, estimated_context_tokens: int, now: float
 ) -> list[BindingCandidate]:
     """Per-Rank facts for the load-aware strategies: O(queued Programs of the pool), once per generation."""
     capacity = core.config.token_capacity_per_dp_rank

@@ -49,9 +49,9 @@ from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
     from progrouter.program.admission import RankView
-    from progrouter.program.core import Core
-    from progrouter.program.queues import RankQueue
+    from progrouter.program.queues import RankQueue, RankQueues
     from progrouter.program.state import Program
+    from progrouter.program.views import Dispatching, Queueing, RankSource, Scheduling
 
 
 # ------------------------------------------------------------------------------------------------ ordering
@@ -88,7 +88,7 @@ def cross_rank_key(program: Program, front: RequestHints | None, now: float) -> 
     return (forced, priority, yielded, _queued_at(program, now), 0.0, program.ref.program_id, program.serial)
 
 
-def wait(core: Core, program: Program, now: float) -> None:
+def wait(core: Queueing, program: Program, now: float) -> None:
     """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
     its demand grew)."""
     if program.queue_entry is not None:
@@ -97,7 +97,7 @@ def wait(core: Core, program: Program, now: float) -> None:
         enqueue(core, program, now)
 
 
-def enqueue(core: Core, program: Program, now: float) -> None:
+def enqueue(core: Queueing, program: Program, now: float) -> None:
     """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
     if program.queue_entry is not None or program.last_target is None:
         return
@@ -109,14 +109,14 @@ def enqueue(core: Core, program: Program, now: float) -> None:
     _insert(core, program, now)
 
 
-def _insert(core: Core, program: Program, now: float) -> None:
+def _insert(core: Queueing, program: Program, now: float) -> None:
     required = required_tokens(program, core.pool, core.config.decode_buffer_tokens)
     uncached = uncached_tokens(program)
     key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
     core.queues.insert(program, QueueEntry(key, required, uncached))
 
 
-def requeue(core: Core, program: Program, now: float) -> None:
+def requeue(core: Queueing, program: Program, now: float) -> None:
     """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
     if program.queue_entry is None:
         return
@@ -124,14 +124,14 @@ def requeue(core: Core, program: Program, now: float) -> None:
     _insert(core, program, now)
 
 
-def stop_waiting(core: Core, program: Program) -> None:
+def stop_waiting(queues: RankQueues, program: Program) -> None:
     """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
     deadline end with it, in one assignment."""
-    core.queues.remove(program)
+    queues.remove(program)
     program.force_resume = None
 
 
-def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
+def _freeze_force_deadline(core: Queueing, program: Program, now: float) -> None:
     config = core.config
     estimate = core.work.estimate(core, program, now)
     front = core.pool.front_hints(program)
@@ -151,7 +151,7 @@ def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
     core.timers.arm(program, TimerKind.FORCE_RESUME, now + timeout)
 
 
-def on_force_timer(core: Core, program: Program, now: float) -> None:
+def on_force_timer(core: Queueing, program: Program, now: float) -> None:
     """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
     force = program.force_resume
     if program.queue_entry is None or force is None:
@@ -197,7 +197,7 @@ class ForceResumeWork:
     def forget(self, target_id: str) -> None:
         self._ranks.pop(target_id, None)
 
-    def estimate(self, core: Core, program: Program, now: float) -> ForceResumeEstimate:
+    def estimate(self, core: Queueing, program: Program, now: float) -> ForceResumeEstimate:
         maximum = core.config.force_resume_timeout_seconds
         key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
         if core.config.global_queue:
@@ -222,7 +222,7 @@ class ForceResumeWork:
             max_timeout=maximum,
         )
 
-    def _rank(self, core: Core, target: str, now: float) -> RankWork:
+    def _rank(self, core: RankSource, target: str, now: float) -> RankWork:
         cached = self._ranks.get(target)
         if cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds:
             return cached
@@ -240,7 +240,7 @@ class ForceResumeWork:
         work = self._ranks[target] = RankWork(now, rounds, throughput, active)
         return work
 
-    def _pool(self, core: Core, model_pool: str, now: float) -> PoolWork:
+    def _pool(self, core: Queueing, model_pool: str, now: float) -> PoolWork:
         targets = core.pool_targets.get(model_pool, [])
         cached = self._pools.get(model_pool)
         fresh = cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds
@@ -257,11 +257,11 @@ class ForceResumeWork:
 
 
 # ------------------------------------------------------------------------------------------------ admission
-def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: float) -> None:
+def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, now: float) -> None:
     """Activate ``program`` on the planned Rank and dispatch its retained requests."""
     previous = program.last_target
     target = plan.target_id
-    stop_waiting(core, program)
+    stop_waiting(core.queues, program)
     core.table.activate(program, target, plan.required, overflow=plan.overflow)
     lifecycle.activated(program, now)
     observer = core.observer
@@ -288,7 +288,7 @@ def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: flo
     dispatch_retained(core, program, now)
 
 
-def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
+def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) -> None:
     observer = core.observer
     target = plan.target_id
     observer.histogram("admission_used_tokens", plan.used, target=target)
@@ -310,7 +310,7 @@ def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
-def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> None:
+def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool) -> None:
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
     while queue is not None and len(queue):
@@ -348,7 +348,7 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
         full = True  # the commit changed the Rank: everyone is a candidate again
 
 
-def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
+def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
     """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
     config = core.config
     targets = core.pool_targets.get(model_pool, [])
