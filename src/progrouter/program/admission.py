@@ -264,7 +264,9 @@ def plan_binding_only(core: Queueing, program: Program, now: float) -> Admission
     """``binding_only``: the Program is admitted on its last Rank with no capacity check at all."""
     assert program.last_target is not None
     view = rank_view(core, program.last_target, now)
-    return _admission(view, required_tokens(program, core.pool, core.config.decode_buffer_tokens), 0.0)
+    return _admission(
+        view, required_tokens(program, core.pool.front_hints(program), core.config.decode_buffer_tokens), 0.0
+    )
 
 
 def _admission(

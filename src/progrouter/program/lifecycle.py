@@ -459,7 +459,7 @@ def segment_yield(core: Completing, program: Program, now: float) -> None:
     if waiter is None:
         return
     decode_buffer = core.config.decode_buffer_tokens
-    if required_tokens(waiter, core.pool, decode_buffer) > future_relief(
+    if required_tokens(waiter, core.pool.front_hints(waiter), decode_buffer) > future_relief(
         core.table.rank(target), decode_buffer
     ):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)

@@ -25,7 +25,7 @@ Force resume (upstream §3.7): when a Program enters a queue its deadline is fro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -101,19 +101,23 @@ def enqueue(core: Queueing, program: Program, now: float) -> None:
     """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
     if program.queue_entry is not None or program.last_target is None:
         return
+    front = core.pool.front_hints(program)
     force = program.force_resume
     if force is None:
-        _freeze_force_deadline(core, program, now)
+        _freeze_force_deadline(core, program, front, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
         core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
-    _insert(core, program, now)
+    _insert(core, program, front, now)
 
 
-def _insert(core: Queueing, program: Program, now: float) -> None:
-    required = required_tokens(program, core.pool, core.config.decode_buffer_tokens)
-    uncached = uncached_tokens(program)
-    key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
-    core.queues.insert(program, QueueEntry(key, required, uncached))
+def _insert(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
+    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request."""
+    config = core.config
+    required = required_tokens(program, front, config.decode_buffer_tokens)
+    key = local_key(program, front, config.resume_order, now)
+    force = program.force_resume
+    forced_at = math.inf if force is None else force.deadline
+    core.queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
 
 
 def requeue(core: Queueing, program: Program, now: float) -> None:
@@ -121,7 +125,7 @@ def requeue(core: Queueing, program: Program, now: float) -> None:
     if program.queue_entry is None:
         return
     core.queues.remove(program)
-    _insert(core, program, now)
+    _insert(core, program, core.pool.front_hints(program), now)
 
 
 def stop_waiting(queues: RankQueues, program: Program) -> None:
@@ -131,10 +135,9 @@ def stop_waiting(queues: RankQueues, program: Program) -> None:
     program.force_resume = None
 
 
-def _freeze_force_deadline(core: Queueing, program: Program, now: float) -> None:
+def _freeze_force_deadline(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
     config = core.config
-    estimate = core.work.estimate(core, program, now)
-    front = core.pool.front_hints(program)
+    estimate = core.work.estimate(core, program, front, now)
     timeout = effective_force_resume_timeout(
         estimate.timeout_seconds,
         front.deadline_seconds if front is not None else None,
@@ -197,9 +200,12 @@ class ForceResumeWork:
     def forget(self, target_id: str) -> None:
         self._ranks.pop(target_id, None)
 
-    def estimate(self, core: Queueing, program: Program, now: float) -> ForceResumeEstimate:
+    def estimate(
+        self, core: Queueing, program: Program, front: RequestHints | None, now: float
+    ) -> ForceResumeEstimate:
+        """The workload estimate for ``program`` entering its queue now (``front``: its front hints)."""
         maximum = core.config.force_resume_timeout_seconds
-        key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
+        key = local_key(program, front, core.config.resume_order, now)
         if core.config.global_queue:
             pool = self._pool(core, program.ref.model_pool, now)
             ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
@@ -314,18 +320,18 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
     while queue is not None and len(queue):
+        pending: list[Program] = []
         if full:
-            candidates: Iterator[Program] = queue.iter_ordered()
             queue.pending.clear()
         else:
             pending = queue.take_pending()
             if not pending:
                 return
-            candidates = iter(pending)
         core.agenda.settled(target_id)
         view = rank_view(core, target_id, now)
         if view.gate_blocked:
             return
+        candidates = queue.iter_ordered(_hopeless(view, now)) if full else iter(pending)
         unforced_possible: bool | None = None
         for program in candidates:
             if not _forced(program, now):
@@ -346,6 +352,17 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
+
+
+def _hopeless(view: RankView, now: float) -> Callable[[int, int, float], bool]:
+    """Whether the plan admits none of a run of queued candidates, from the run's least demand, least
+    uncached context and earliest force deadline: it refuses what ``judge`` refuses, and so does a forced
+    candidate while the Rank holds one admitted past its limits (``FORCE_BOUND``)."""
+
+    def hopeless(required: int, uncached: int, forced_at: float) -> bool:
+        return (forced_at > now or view.overflow_busy) and not view.admits_some(required, uncached)
+
+    return hopeless
 
 
 def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
