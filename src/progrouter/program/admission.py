@@ -57,14 +57,15 @@ class RankView:
         "_batch",
         "_rank",
         "_reserve",
+        "_target_rounds",
         "active",
         "config",
+        "count_fits",
         "factors",
         "gate_blocked",
         "low_tokens",
         "overflow_busy",
         "target_id",
-        "target_rounds",
         "used",
         "waiting",
     )
@@ -86,18 +87,23 @@ class RankView:
         threshold = config.admission_waiting_request_threshold
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
-        self.active = rank.active_count
+        self.active = active = len(rank.reasoning) + len(rank.acting)
+        self.count_fits = active + 1 <= config.max_active_programs_per_target  # the count guard
         self.overflow_busy = rank.overflow is not None
         self.used = used
         capacity = config.token_capacity_per_dp_rank
         self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
-        self.target_rounds = target_rounds(factors, config.max_segment_rounds)
+        self._target_rounds: int | None = None
         self._reserve: float | None = None
         self._batch: _BatchInputs | None = None
 
     @property
-    def count_fits(self) -> bool:
-        return self.active + 1 <= self.config.max_active_programs_per_target
+    def target_rounds(self) -> int:
+        """The Rank's target rounds (policy's), computed when the reserve or batch gain first needs them."""
+        rounds = self._target_rounds
+        if rounds is None:
+            rounds = self._target_rounds = target_rounds(self.factors, self.config.max_segment_rounds)
+        return rounds
 
     def capacity_fits(self, required: float) -> bool:
         """The immediate token check: ``used + required ≤ C × low_watermark`` (always, without capacity)."""

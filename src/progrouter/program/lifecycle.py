@@ -476,7 +476,7 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
     factors = core.factors.get(target_id)
     avg_completion = repair_average_completion(factors)
     decode_buffer = core.config.decode_buffer_tokens
-    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING]
+    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING] if rank.marked else []
     projected = projected_usage(
         core.ledger.usage(target_id, now),
         avg_completion,

@@ -26,36 +26,55 @@ BLOCK_KEYS = 32
 
 
 class _Block:
-    """A run of consecutive keys of one queue with the least demand, uncached context and force deadline of
-    its Programs' entries, so a scheduling pass can skip the whole run when none of them can be admitted."""
+    """A run of consecutive keys of one queue, with its entries' demand, uncached context and force deadline
+    side by side, and the least of each, so a scheduling pass can skip the whole run when none of its
+    candidates can be admitted."""
 
-    __slots__ = ("forced_at", "keys", "required", "uncached")
+    __slots__ = ("deadlines", "demands", "forced_at", "keys", "required", "uncached", "uncacheds")
 
-    def __init__(self, keys: list[QueueKey], programs: dict[int, Program]) -> None:
+    def __init__(
+        self, keys: list[QueueKey], demands: list[int], uncacheds: list[int], deadlines: list[float]
+    ) -> None:
+        self._hold(keys, demands, uncacheds, deadlines)
+
+    def _hold(
+        self, keys: list[QueueKey], demands: list[int], uncacheds: list[int], deadlines: list[float]
+    ) -> None:
         self.keys = keys
-        self.required = self.uncached = 0
-        self.forced_at = math.inf
-        self.recount(programs)
-
-    def recount(self, programs: dict[int, Program]) -> None:
-        entries = [programs[key[-1]].queue_entry for key in self.keys]
-        self.required = min(e.required for e in entries if e is not None)
-        self.uncached = min(e.uncached for e in entries if e is not None)
-        self.forced_at = min(e.forced_at for e in entries if e is not None)
+        self.demands = demands
+        self.uncacheds = uncacheds
+        self.deadlines = deadlines
+        self.required = min(demands)
+        self.uncached = min(uncacheds)
+        self.forced_at = min(deadlines)
 
     def add(self, entry: QueueEntry) -> None:
-        bisect.insort(self.keys, entry.key)
+        i = bisect.bisect_right(self.keys, entry.key)
+        self.keys.insert(i, entry.key)
+        self.demands.insert(i, entry.required)
+        self.uncacheds.insert(i, entry.uncached)
+        self.deadlines.insert(i, entry.forced_at)
         self.required = min(self.required, entry.required)
         self.uncached = min(self.uncached, entry.uncached)
         self.forced_at = min(self.forced_at, entry.forced_at)
 
-    def bounds(self, entry: QueueEntry) -> bool:
-        """Whether ``entry`` holds one of the block's least values (its leaving may raise them)."""
-        return (
-            entry.required == self.required
-            or entry.uncached == self.uncached
-            or entry.forced_at == self.forced_at
-        )
+    def discard(self, entry: QueueEntry) -> None:
+        """Take ``entry`` out (the block keeps at least one key); a least value it held is found again."""
+        i = bisect.bisect_left(self.keys, entry.key)
+        del self.keys[i], self.demands[i], self.uncacheds[i], self.deadlines[i]
+        if entry.required == self.required:
+            self.required = min(self.demands)
+        if entry.uncached == self.uncached:
+            self.uncached = min(self.uncacheds)
+        if entry.forced_at == self.forced_at:
+            self.forced_at = min(self.deadlines)
+
+    def split(self) -> _Block:
+        """Keep the first ``BLOCK_KEYS`` keys; returns a block of the rest."""
+        n = BLOCK_KEYS
+        tail = _Block(self.keys[n:], self.demands[n:], self.uncacheds[n:], self.deadlines[n:])
+        self._hold(self.keys[:n], self.demands[:n], self.uncacheds[:n], self.deadlines[:n])
+        return tail
 
 
 class RankQueue:
@@ -87,22 +106,16 @@ class RankQueue:
         self.pending[program] = None
         blocks, maxes = self._blocks, self._maxes
         if not blocks:
-            blocks.append(_Block([key], self._programs))
+            blocks.append(_Block([key], [entry.required], [entry.uncached], [entry.forced_at]))
             maxes.append(key)
             return
         i = min(bisect.bisect_left(maxes, key), len(blocks) - 1)
         block = blocks[i]
         block.add(entry)
-        keys = block.keys
-        if len(keys) <= 2 * BLOCK_KEYS:
-            maxes[i] = keys[-1]
-            return
-        tail = _Block(keys[BLOCK_KEYS:], self._programs)  # split in halves
-        block.keys = keys[:BLOCK_KEYS]
-        block.recount(self._programs)
-        blocks.insert(i + 1, tail)
+        if len(block.keys) > 2 * BLOCK_KEYS:
+            blocks.insert(i + 1, block.split())
+            maxes.insert(i + 1, blocks[i + 1].keys[-1])
         maxes[i] = block.keys[-1]
-        maxes.insert(i + 1, tail.keys[-1])
 
     def remove(self, program: Program) -> None:
         entry = program.queue_entry
@@ -110,19 +123,16 @@ class RankQueue:
         key = entry.key
         i = bisect.bisect_left(self._maxes, key)
         block = self._blocks[i]
-        keys = block.keys
-        del keys[bisect.bisect_left(keys, key)]
         del self._programs[key[-1]]
         self._len -= 1
         self.pending.pop(program, None)
         program.queue_entry = None
-        if not keys:
+        if len(block.keys) == 1:
             del self._blocks[i]
             del self._maxes[i]
             return
-        self._maxes[i] = keys[-1]
-        if block.bounds(entry):
-            block.recount(self._programs)
+        block.discard(entry)
+        self._maxes[i] = block.keys[-1]
 
     def ahead_of(self, key: QueueKey) -> int:
         """How many queued Programs order before ``key``."""
@@ -147,13 +157,27 @@ class RankQueue:
     def first(self) -> Program | None:
         return self._programs[self._blocks[0].keys[0][-1]] if self._blocks else None
 
+    def bounds(self) -> tuple[int, int, float]:
+        """The least demand, least uncached context and earliest force deadline of the whole queue (its
+        blocks' bounds; 0, 0, inf when empty)."""
+        blocks = self._blocks
+        if not blocks:
+            return 0, 0, math.inf
+        first = blocks[0]
+        required, uncached, forced_at = first.required, first.uncached, first.forced_at
+        for block in blocks:
+            required = min(required, block.required)
+            uncached = min(uncached, block.uncached)
+            forced_at = min(forced_at, block.forced_at)
+        return required, uncached, forced_at
+
     def min_required(self) -> int:
         """The least demand among the queued Programs (0 when empty)."""
-        return min((b.required for b in self._blocks), default=0)
+        return self.bounds()[0]
 
     def min_uncached(self) -> int:
         """The least uncached context among the queued Programs (0 when empty)."""
-        return min((b.uncached for b in self._blocks), default=0)
+        return self.bounds()[1]
 
     def take_pending(self) -> list[Program]:
         pending = sorted(self.pending, key=_queue_key)

@@ -331,12 +331,19 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         view = rank_view(core, target_id, now)
         if view.gate_blocked:
             return
-        candidates = queue.iter_ordered(_hopeless(view, now)) if full else iter(pending)
+        least = queue.bounds()
+        if full:
+            hopeless = _hopeless(view, now)
+            if hopeless(*least):
+                return  # then every block is: nobody can be admitted
+            candidates = queue.iter_ordered(hopeless)
+        else:
+            candidates = iter(pending)
         unforced_possible: bool | None = None
         for program in candidates:
             if not _forced(program, now):
                 if unforced_possible is None:
-                    unforced_possible = view.admits_some(queue.min_required(), queue.min_uncached())
+                    unforced_possible = view.admits_some(least[0], least[1])
                 if not unforced_possible:
                     return
                 entry = program.queue_entry
