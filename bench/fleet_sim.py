@@ -24,6 +24,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from progrouter.sim.arms import SimArm, standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
 from progrouter.sim.simulation import Simulation
 from progrouter.workload.agentic import AgenticWorkload, generate_agentic
+from progrouter.workload.report import prefill_gpu_seconds
 from progrouter.workload.trace import Trace
 
 #: The arms: native consistent hashing, the spec's default Program config, Program scheduling told the Ranks'
@@ -51,9 +53,13 @@ def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Tra
     )
 
 
-def build_arms(names: list[str], profile: EngineProfile, fleet: FleetSpec) -> list[SimArm]:
+def build_arms(names: list[str], profile: EngineProfile, fleet: FleetSpec, agents: int) -> list[SimArm]:
     base = with_cost_models({}, profile.prefill_cost_model, profile.decode_throughput_model)
-    capacity = {"token_capacity_per_dp_rank": fleet.capacity_tokens, "global_queue": True}
+    capacity = {
+        "token_capacity_per_dp_rank": fleet.capacity_tokens,
+        "global_queue": True,
+        "max_pooled_requests": max(1024, 8 * agents),  # never the limit here: this measures scheduling
+    }
     arms = []
     for name in names:
         if name == "capacity":
@@ -96,9 +102,9 @@ def dist(values: list[float]) -> dict[str, float | None]:
 def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: float) -> dict[str, Any]:
     facts = sim.facts
     ok = [f for f in facts if f.ok and f.prompt_tokens is not None]
-    prefill = profile.prefill_cost_model.prefill_seconds
-    spent = sum(prefill((f.prompt_tokens or 0) - (f.cached_tokens or 0)) for f in ok)
-    saved = sum(prefill(f.prompt_tokens or 0) for f in ok) - spent
+    model = profile.prefill_cost_model
+    spent = prefill_gpu_seconds(ok, model)
+    saved = prefill_gpu_seconds([replace(f, cached_tokens=None) for f in ok], model) - spent  # vs no hits
     prompt = sum(f.prompt_tokens or 0 for f in ok)
     cached = sum(f.cached_tokens or 0 for f in ok)
     e2e = [f.finished_at - f.started_at for f in ok]
@@ -242,7 +248,7 @@ def run_point(
     until = args.hours * 3600.0
     rows: list[dict[str, Any]] = []
     samplers: dict[str, Sampler] = {}
-    for arm in build_arms(names, profile, fleet):
+    for arm in build_arms(names, profile, fleet, agents):
         started, cpu = time.perf_counter(), time.process_time()
         sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
         sampler = Sampler(sim, until)

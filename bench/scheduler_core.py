@@ -46,6 +46,7 @@ def build(arm: str, ranks: int, programs: int) -> tuple[ProgramScheduler, list[T
         "low_watermark_ratio": 0.9,
         "high_watermark_ratio": 0.95,
         "global_queue": True,
+        "max_pooled_requests": programs,  # every Program may wait at once (the default bounds a live pool)
     }
     if arm == "cold":  # windows never complete: TTL 0 unless hinted, no reserve, static force deadlines
         config |= {"stats_window_size": 1_000_000}

@@ -115,6 +115,16 @@ def test_the_program_arm_retains_a_third_program_when_capacity_fits_two() -> Non
     assert all(f.headers_at == f.started_at for f in native.values())
 
 
+def test_a_full_request_pool_answers_429_and_the_agent_goes_on() -> None:
+    # Capacity for one Program, a pool of one waiting request: the third Program's request is refused.
+    result = run(three_programs(), "program", token_capacity_per_dp_rank=1200, max_pooled_requests=1)
+    facts = by_id(result)
+    refused = [f for f in facts.values() if f.status_code == 429]
+    assert [f.request_id for f in refused] == ["t2:lead:0"]
+    assert refused[0].error is not None and "pool is full" in refused[0].error
+    assert facts["t2:lead:1"].status == "ok"  # its agent sent the next turn after the refusal
+
+
 def test_a_next_gap_hint_arms_the_hinted_ttl() -> None:
     t = trace(
         TraceTask("t", 0.0, (lead("t", req([0, 1]), req([0, 1, 2], gap=0.75), req([0, 1, 2, 3], gap=3.0)),))

@@ -30,10 +30,10 @@ from progrouter.program.policy import (
 )
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.factors import RankFactors
     from progrouter.program.state import Program, RankPrograms
     from progrouter.program.types import BackendObservation
+    from progrouter.program.views import Queueing, RankSource
 
 
 class Rejection(StrEnum):
@@ -57,14 +57,15 @@ class RankView:
         "_batch",
         "_rank",
         "_reserve",
+        "_target_rounds",
         "active",
         "config",
+        "count_fits",
         "factors",
         "gate_blocked",
         "low_tokens",
         "overflow_busy",
         "target_id",
-        "target_rounds",
         "used",
         "waiting",
     )
@@ -86,18 +87,23 @@ class RankView:
         threshold = config.admission_waiting_request_threshold
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
-        self.active = rank.active_count
+        self.active = active = len(rank.reasoning) + len(rank.acting)
+        self.count_fits = active + 1 <= config.max_active_programs_per_target  # the count guard
         self.overflow_busy = rank.overflow is not None
         self.used = used
         capacity = config.token_capacity_per_dp_rank
         self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
-        self.target_rounds = target_rounds(factors, config.max_segment_rounds)
+        self._target_rounds: int | None = None
         self._reserve: float | None = None
         self._batch: _BatchInputs | None = None
 
     @property
-    def count_fits(self) -> bool:
-        return self.active + 1 <= self.config.max_active_programs_per_target
+    def target_rounds(self) -> int:
+        """The Rank's target rounds (policy's), computed when the reserve or batch gain first needs them."""
+        rounds = self._target_rounds
+        if rounds is None:
+            rounds = self._target_rounds = target_rounds(self.factors, self.config.max_segment_rounds)
+        return rounds
 
     def capacity_fits(self, required: float) -> bool:
         """The immediate token check: ``used + required ≤ C × low_watermark`` (always, without capacity)."""
@@ -216,7 +222,7 @@ class AdmissionPlan:
     reserve: float
 
 
-def rank_view(core: Core, target_id: str, now: float) -> RankView:
+def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
     """The view of one Rank now, from the table, the rolling statistics and the ledger."""
     return RankView(
         core.config,
@@ -257,29 +263,28 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
         if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
             return Rejection.RESERVE
         batch_gain = True
-    return AdmissionPlan(
-        target_id=view.target_id,
-        forced=forced,
-        batch_gain=batch_gain,
-        overflow=overflow,
-        active=view.active,
-        used=view.used,
-        required=required,
-        reserve=view.reserve,
-    )
+    return _admission(view, required, view.reserve, forced=forced, batch_gain=batch_gain, overflow=overflow)
 
 
-def plan_binding_only(core: Core, program: Program, now: float) -> AdmissionPlan:
+def plan_binding_only(core: Queueing, program: Program, now: float) -> AdmissionPlan:
     """``binding_only``: the Program is admitted on its last Rank with no capacity check at all."""
     assert program.last_target is not None
     view = rank_view(core, program.last_target, now)
+    return _admission(
+        view, required_tokens(program, core.pool.front_hints(program), core.config.decode_buffer_tokens), 0.0
+    )
+
+
+def _admission(
+    view: RankView,
+    required: int,
+    reserve: float,
+    *,
+    forced: bool = False,
+    batch_gain: bool = False,
+    overflow: bool = False,
+) -> AdmissionPlan:
+    """The plan to admit a candidate of demand ``required`` on the view's Rank as it stands."""
     return AdmissionPlan(
-        target_id=view.target_id,
-        forced=False,
-        batch_gain=False,
-        overflow=False,
-        active=view.active,
-        used=view.used,
-        required=required_tokens(program, core.pool, core.config.decode_buffer_tokens),
-        reserve=0.0,
+        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve
     )

@@ -26,7 +26,7 @@ from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
+    from progrouter.program.views import Queueing
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class Binder:
 
 
 def binding_candidates(
-    core: Core, model_pool: str, estimated_context_tokens: int, now: float
+    core: Queueing, model_pool: str, estimated_context_tokens: int, now: float
 ) -> list[BindingCandidate]:
     """Per-Rank facts for the load-aware strategies: O(queued Programs of the pool), once per generation."""
     capacity = core.config.token_capacity_per_dp_rank
@@ -126,7 +126,7 @@ def binding_candidates(
         queued = (
             []
             if queue is None
-            else [(p, required_tokens(p, core.pool, decode_buffer)) for p in queue.ordered()]
+            else [(p, required_tokens(p, core.pool.front_hints(p), decode_buffer)) for p in queue.ordered()]
         )
         pending_new = sum(tokens for p, tokens in queued if p.completions.requests == 0)
         pressure = 0.0 if capacity is None else min(1.0, max(0.0, (view.used + pending_new) / capacity))

@@ -9,11 +9,11 @@ from progrouter.program.ledger import program_private_tokens
 from progrouter.program.outcomes import Dispatched, ProgramDispatch
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.state import Program
+    from progrouter.program.views import Dispatching
 
 
-def serve_active(core: Core, program: Program, now: float) -> None:
+def serve_active(core: Dispatching, program: Program, now: float) -> None:
     """A request of an Active Program: charge its grown demand (unless repair marked it to pause) and
     dispatch at once — its KV is treated as resident, no admission check."""
     if not program.pause_when_idle:
@@ -23,7 +23,7 @@ def serve_active(core: Core, program: Program, now: float) -> None:
     dispatch_retained(core, program, now)
 
 
-def dispatch_retained(core: Core, program: Program, now: float) -> None:
+def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
     """Send every retained request of an Active Program to its placement, front first."""
     target_id = program.placement
     assert target_id is not None

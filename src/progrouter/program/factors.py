@@ -20,13 +20,13 @@ import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["ContinuitySample", "LogNormalFit", "RankFactors", "RequestSample"]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSample:
-    """One successfully completed request on a Rank."""
+class RequestSample(NamedTuple):
+    """One successfully completed request on a Rank (a tuple: one is made per completion)."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -39,8 +39,7 @@ class RequestSample:
     finished_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class ContinuitySample:
+class ContinuitySample(NamedTuple):
     """Gap from a Program's last completion to its next arrival, with the cache-miss impact then."""
 
     interval_seconds: float

@@ -24,11 +24,10 @@ from progrouter.program.policy import (
     private_tokens,
     target_usage,
 )
-from progrouter.program.types import BackendObservation
+from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
     from progrouter.program.agenda import Agenda
-    from progrouter.program.pool import RequestPool
     from progrouter.program.state import Program, RankPrograms
 
 
@@ -45,9 +44,9 @@ def program_private_tokens(
     )
 
 
-def required_tokens(program: Program, pool: RequestPool, decode_buffer_tokens: int) -> int:
-    """A waiting Program's demand: its private tokens with its front request's expected output, if given."""
-    front = pool.front_hints(program)
+def required_tokens(program: Program, front: RequestHints | None, decode_buffer_tokens: int) -> int:
+    """A waiting Program's demand: its private tokens with its front request's expected output, if given
+    (``front``: the hints of its front request)."""
     expected = front.expected_output_tokens if front is not None else None
     return program_private_tokens(program, decode_buffer_tokens, expected)
 

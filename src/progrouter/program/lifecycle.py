@@ -46,13 +46,14 @@ from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.factors import RankFactors
-    from progrouter.program.state import Program, RankPrograms
+    from progrouter.program.observer import SchedulerObserver
+    from progrouter.program.state import Program, ProgramTable, RankPrograms
+    from progrouter.program.views import Arriving, Completing, Pausing, Repairing
 
 
 # --------------------------------------------------------------------------------------------- arrival side
-def arrived(core: Core, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
+def arrived(core: Arriving, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
     """A request of ``program`` arrived (``new``: its generation was just created): its identity, step,
     context and hints are the request's now, and it is Reasoning until it is idle again."""
     identity = request.identity
@@ -94,7 +95,7 @@ def rebound(program: Program, now: float) -> None:
     program.shared_prefix = SharedPrefix(shared.tokens, False, shared.anchor_at, shared.fresh_until)
 
 
-def withdrawn_idle(core: Core, program: Program, now: float) -> None:
+def withdrawn_idle(core: Pausing, program: Program, now: float) -> None:
     """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
     starts (or keeps) its retention clock."""
     if program.completions.requests == 0:
@@ -105,7 +106,7 @@ def withdrawn_idle(core: Core, program: Program, now: float) -> None:
         arm_retention(core, program)
 
 
-def record_continuity(core: Core, program: Program, now: float) -> None:
+def record_continuity(core: Arriving, program: Program, now: float) -> None:
     """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
     finished = program.completions.last_finished_at
     target = program.last_target
@@ -126,21 +127,21 @@ def record_continuity(core: Core, program: Program, now: float) -> None:
     )
 
 
-def observe_context(core: Core, program: Program, prompt_tokens: int) -> None:
+def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -> None:
     """Growth applies at once; a shrink only after two consecutive lower observations."""
     if prompt_tokens >= program.estimated_context_tokens:
-        core.table.set_context(program, prompt_tokens)
+        table.set_context(program, prompt_tokens)
         program.context_shrink_observations = 0
         return
     program.context_shrink_observations += 1
     if program.context_shrink_observations >= 2:
-        core.table.set_context(program, prompt_tokens)
+        table.set_context(program, prompt_tokens)
         program.context_shrink_observations = 0
 
 
 # ------------------------------------------------------------------------------------------------ completion
 def complete(
-    core: Core,
+    core: Completing,
     program: Program,
     dispatch: ProgramDispatch,
     now: float,
@@ -164,7 +165,7 @@ def complete(
     impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
     idle = core.table.request_finished(program)
     if usage.prompt_tokens is not None:
-        observe_context(core, program, usage.prompt_tokens)
+        observe_context(core.table, program, usage.prompt_tokens)
     if success:
         _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
         previous = program.completions.last_context_tokens
@@ -192,7 +193,7 @@ def complete(
 
 
 def _went_idle(
-    core: Core,
+    core: Completing,
     program: Program,
     dispatch: ProgramDispatch,
     now: float,
@@ -223,7 +224,7 @@ def _went_idle(
 
 
 def _segment_bookkeeping(
-    core: Core,
+    core: Pausing,
     program: Program,
     dispatch: ProgramDispatch,
     now: float,
@@ -249,11 +250,13 @@ def _segment_bookkeeping(
         segment.ttl_pause_sampled_rounds,
         segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
     )
-    _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
+    _report_cache(
+        core.observer, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous
+    )
 
 
 def _observe_shared_prefix(
-    core: Core, program: Program, target: str, explicit_cached: int | None, now: float
+    core: Pausing, program: Program, target: str, explicit_cached: int | None, now: float
 ) -> None:
     """A new segment observes the shared prefix, unless the last observation is still fresh."""
     shared = program.shared_prefix
@@ -269,7 +272,7 @@ def _observe_shared_prefix(
 
 
 def _report_cache(
-    core: Core,
+    observer: SchedulerObserver,
     program: Program,
     dispatch: ProgramDispatch,
     prompt: int,
@@ -279,7 +282,6 @@ def _report_cache(
     previous: int,
     continuous: bool,
 ) -> None:
-    observer = core.observer
     target = dispatch.target.id
     if (
         explicit_cached is not None
@@ -333,7 +335,7 @@ def shared_prefix_lifetime(
 
 
 # ---------------------------------------------------------------------------------------------- Progress-TTL
-def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -> None:
+def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float) -> None:
     """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
     target = program.placement
     assert target is not None
@@ -349,7 +351,7 @@ def arm_ttl(core: Core, program: Program, ttl: float, source: str, now: float) -
         core.timers.arm(program, TimerKind.ACTING_TTL, now + ttl)
 
 
-def on_ttl_timer(core: Core, program: Program, now: float) -> None:
+def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
     acting = program.acting_ttl
     if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or acting is None:
         return
@@ -360,7 +362,7 @@ def on_ttl_timer(core: Core, program: Program, now: float) -> None:
         core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
 
 
-def expire_ttl(core: Core, program: Program, now: float) -> None:
+def expire_ttl(core: Pausing, program: Program, now: float) -> None:
     target = program.placement
     assert target is not None
     segment = program.segment
@@ -371,7 +373,7 @@ def expire_ttl(core: Core, program: Program, now: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------ pause / release
-def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None:
+def pause(core: Pausing, program: Program, reason: PauseReason, now: float) -> None:
     """An idle Active Program gives its placement up; its KV is no longer protected."""
     released = program.charged_tokens
     target = core.table.pause(program)
@@ -394,7 +396,7 @@ def pause(core: Core, program: Program, reason: PauseReason, now: float) -> None
     arm_retention(core, program)
 
 
-def arm_retention(core: Core, program: Program) -> None:
+def arm_retention(core: Pausing, program: Program) -> None:
     """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused, or earlier
     by ``release_excess_paused``."""
     assert program.pause is not None
@@ -405,7 +407,7 @@ def arm_retention(core: Core, program: Program) -> None:
     idle[program] = None
 
 
-def release_excess_paused(core: Core, now: float) -> None:
+def release_excess_paused(core: Pausing, now: float) -> None:
     """More than ``max_paused_programs`` idle Paused Programs: release those that went idle longest ago.
     Run between events' steps (never inside a loop over Programs), so nobody is released under a caller."""
     idle = core.paused_idle
@@ -413,7 +415,7 @@ def release_excess_paused(core: Core, now: float) -> None:
         release(core, next(iter(idle)), now, reason="paused_retention_release")
 
 
-def on_retention_timer(core: Core, program: Program, now: float) -> None:
+def on_retention_timer(core: Pausing, program: Program, now: float) -> None:
     pause = program.pause
     if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or pause is None:
         return  # it is waiting or Active again: the next pause arms a new release
@@ -424,7 +426,7 @@ def on_retention_timer(core: Core, program: Program, now: float) -> None:
         core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
 
 
-def release(core: Core, program: Program, now: float, *, reason: str | None = None) -> None:
+def release(core: Pausing, program: Program, now: float, *, reason: str | None = None) -> None:
     """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
     stays fenced while it is among the most recently released)."""
     target = program.placement or program.last_target
@@ -446,7 +448,7 @@ def future_relief(rank: RankPrograms, decode_buffer_tokens: int) -> int:
     )
 
 
-def segment_yield(core: Core, program: Program, now: float) -> None:
+def segment_yield(core: Completing, program: Program, now: float) -> None:
     """After ``max_segment_rounds`` continuous rounds, yield to a local waiter relief does not cover."""
     if program.rounds_since_activation < core.config.max_segment_rounds:
         return
@@ -457,14 +459,14 @@ def segment_yield(core: Core, program: Program, now: float) -> None:
     if waiter is None:
         return
     decode_buffer = core.config.decode_buffer_tokens
-    if required_tokens(waiter, core.pool, decode_buffer) > future_relief(
+    if required_tokens(waiter, core.pool.front_hints(waiter), decode_buffer) > future_relief(
         core.table.rank(target), decode_buffer
     ):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
 
 
 # ------------------------------------------------------------------------------------------- capacity repair
-def capacity_repair(core: Core, target_id: str, now: float) -> None:
+def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
     high, low = core.high_tokens, core.low_tokens
     if high is None or low is None:
         return
@@ -474,7 +476,7 @@ def capacity_repair(core: Core, target_id: str, now: float) -> None:
     factors = core.factors.get(target_id)
     avg_completion = repair_average_completion(factors)
     decode_buffer = core.config.decode_buffer_tokens
-    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING]
+    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING] if rank.marked else []
     projected = projected_usage(
         core.ledger.usage(target_id, now),
         avg_completion,

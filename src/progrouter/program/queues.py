@@ -1,16 +1,17 @@
 """Rank queues: the Paused Programs with retained requests, per last Rank, in resume order. Keeping only.
 
-A queue holds sorted keys (resume.py computes them) and the Programs' ``QueueEntry`` records, which this
-module alone writes. Besides the order it keeps lower bounds of the queued Programs' demand and uncached
-context, so a scheduling pass can tell in O(1) that nobody unforced fits. ``RankQueues`` also remembers
-puts a Rank on the scheduler's agenda whenever a Program is queued or re-keyed there.
+A queue holds sorted keys (resume.py computes them) in blocks and the Programs' ``QueueEntry`` records,
+which this module alone writes. Each block knows the least demand, uncached context and force deadline of
+its entries, so a scheduling pass skips a block none of whose candidates can be admitted, and tells from
+the least of all that nobody unforced fits. ``RankQueues`` puts a Rank on the scheduler's agenda whenever a
+Program is queued or re-keyed there.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from progrouter.program.records import QueueEntry, QueueKey
@@ -20,102 +21,163 @@ if TYPE_CHECKING:
     from progrouter.program.state import Program
 
 
-class _LazyMin:
-    """Min-heap of one value per queued Program, deleted lazily: a value counts while its Program still
-    sits in the queue under the entry it was pushed with."""
+#: Keys per block of a Rank queue: a block splits past twice this (a pass skips whole blocks, see below).
+BLOCK_KEYS = 32
 
-    __slots__ = ("_heap",)
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, QueueEntry]] = []
+class _Block:
+    """A run of consecutive keys of one queue, with its entries' demand, uncached context and force deadline
+    side by side, and the least of each, so a scheduling pass can skip the whole run when none of its
+    candidates can be admitted."""
 
-    def __len__(self) -> int:
-        return len(self._heap)
+    __slots__ = ("deadlines", "demands", "forced_at", "keys", "required", "uncached", "uncacheds")
 
-    def push(self, value: int, entry: QueueEntry) -> None:
-        heapq.heappush(self._heap, (value, entry.key[-1], entry))
+    def __init__(
+        self, keys: list[QueueKey], demands: list[int], uncacheds: list[int], deadlines: list[float]
+    ) -> None:
+        self._hold(keys, demands, uncacheds, deadlines)
 
-    def rebuild(self, values: list[tuple[int, int, QueueEntry]]) -> None:
-        heapq.heapify(values)
-        self._heap = values
+    def _hold(
+        self, keys: list[QueueKey], demands: list[int], uncacheds: list[int], deadlines: list[float]
+    ) -> None:
+        self.keys = keys
+        self.demands = demands
+        self.uncacheds = uncacheds
+        self.deadlines = deadlines
+        self.required = min(demands)
+        self.uncached = min(uncacheds)
+        self.forced_at = min(deadlines)
 
-    def min(self, programs: dict[int, Program]) -> int | None:
-        heap = self._heap
-        while heap:
-            value, serial, entry = heap[0]
-            program = programs.get(serial)
-            if program is not None and program.queue_entry is entry:
-                return value
-            heapq.heappop(heap)
-        return None
+    def add(self, entry: QueueEntry) -> None:
+        i = bisect.bisect_right(self.keys, entry.key)
+        self.keys.insert(i, entry.key)
+        self.demands.insert(i, entry.required)
+        self.uncacheds.insert(i, entry.uncached)
+        self.deadlines.insert(i, entry.forced_at)
+        self.required = min(self.required, entry.required)
+        self.uncached = min(self.uncached, entry.uncached)
+        self.forced_at = min(self.forced_at, entry.forced_at)
+
+    def discard(self, entry: QueueEntry) -> None:
+        """Take ``entry`` out (the block keeps at least one key); a least value it held is found again."""
+        i = bisect.bisect_left(self.keys, entry.key)
+        del self.keys[i], self.demands[i], self.uncacheds[i], self.deadlines[i]
+        if entry.required == self.required:
+            self.required = min(self.demands)
+        if entry.uncached == self.uncached:
+            self.uncached = min(self.uncacheds)
+        if entry.forced_at == self.forced_at:
+            self.forced_at = min(self.deadlines)
+
+    def split(self) -> _Block:
+        """Keep the first ``BLOCK_KEYS`` keys; returns a block of the rest."""
+        n = BLOCK_KEYS
+        tail = _Block(self.keys[n:], self.demands[n:], self.uncacheds[n:], self.deadlines[n:])
+        self._hold(self.keys[:n], self.demands[:n], self.uncacheds[:n], self.deadlines[:n])
+        return tail
 
 
 class RankQueue:
     """The Paused Programs with retained requests whose last Rank is this one, in resume order.
 
-    Besides the ordered keys it keeps lower bounds of the queued Programs' demand and uncached context, so
-    a pass can tell in O(1) that no unforced candidate can be admitted and stop without planning each one.
+    The ordered keys are kept in blocks of about ``BLOCK_KEYS`` (a sorted list of sorted runs), each with
+    the least demand, uncached context and force deadline among its entries. A scheduling pass walks the
+    queue in order and skips every block whose bounds say none of its candidates can be admitted, so a
+    long queue that cannot move costs O(blocks), not O(Programs).
     """
 
-    __slots__ = ("_demand", "_keys", "_programs", "_uncached", "pending")
+    __slots__ = ("_blocks", "_len", "_maxes", "_programs", "pending")
 
     def __init__(self) -> None:
-        self._keys: list[QueueKey] = []
+        self._blocks: list[_Block] = []
+        self._maxes: list[QueueKey] = []  # the last key of each block
         self._programs: dict[int, Program] = {}  # serial -> Program
-        self._demand = _LazyMin()  # private tokens required
-        self._uncached = _LazyMin()  # context beyond the shared prefix (what a cold start recomputes)
+        self._len = 0
         self.pending: dict[Program, None] = {}  # queued or re-keyed since the last scheduling pass
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._len
 
     def insert(self, program: Program, entry: QueueEntry) -> None:
         program.queue_entry = entry
         key = entry.key
-        bisect.insort(self._keys, key)
         self._programs[key[-1]] = program
-        self._demand.push(entry.required, entry)
-        self._uncached.push(entry.uncached, entry)
-        if len(self._demand) > 2 * len(self._keys) + 32:
-            live = [e for e in (p.queue_entry for p in self._programs.values()) if e is not None]
-            self._demand.rebuild([(e.required, e.key[-1], e) for e in live])
-            self._uncached.rebuild([(e.uncached, e.key[-1], e) for e in live])
+        self._len += 1
         self.pending[program] = None
+        blocks, maxes = self._blocks, self._maxes
+        if not blocks:
+            blocks.append(_Block([key], [entry.required], [entry.uncached], [entry.forced_at]))
+            maxes.append(key)
+            return
+        i = min(bisect.bisect_left(maxes, key), len(blocks) - 1)
+        block = blocks[i]
+        block.add(entry)
+        if len(block.keys) > 2 * BLOCK_KEYS:
+            blocks.insert(i + 1, block.split())
+            maxes.insert(i + 1, blocks[i + 1].keys[-1])
+        maxes[i] = block.keys[-1]
 
     def remove(self, program: Program) -> None:
         entry = program.queue_entry
         assert entry is not None
         key = entry.key
-        i = bisect.bisect_left(self._keys, key)
-        del self._keys[i]
+        i = bisect.bisect_left(self._maxes, key)
+        block = self._blocks[i]
         del self._programs[key[-1]]
+        self._len -= 1
         self.pending.pop(program, None)
         program.queue_entry = None
+        if len(block.keys) == 1:
+            del self._blocks[i]
+            del self._maxes[i]
+            return
+        block.discard(entry)
+        self._maxes[i] = block.keys[-1]
 
     def ahead_of(self, key: QueueKey) -> int:
         """How many queued Programs order before ``key``."""
-        return bisect.bisect_left(self._keys, key)
+        i = bisect.bisect_left(self._maxes, key)
+        before = sum(len(b.keys) for b in self._blocks[:i])
+        return before + (bisect.bisect_left(self._blocks[i].keys, key) if i < len(self._blocks) else 0)
 
     def ordered(self) -> list[Program]:
         programs = self._programs
-        return [programs[key[-1]] for key in self._keys]
+        return [programs[key[-1]] for block in self._blocks for key in block.keys]
 
-    def iter_ordered(self) -> Iterator[Program]:
-        """In resume order, without copying; stop iterating once the queue changes."""
+    def iter_ordered(self, hopeless: Callable[[int, int, float], bool] | None = None) -> Iterator[Program]:
+        """In resume order, without copying; stop iterating once the queue changes. ``hopeless(least
+        demand, least uncached context, earliest force deadline)`` skips every block it is True for."""
         programs = self._programs
-        for key in self._keys:
-            yield programs[key[-1]]
+        for block in self._blocks:
+            if hopeless is not None and hopeless(block.required, block.uncached, block.forced_at):
+                continue
+            for key in block.keys:
+                yield programs[key[-1]]
 
     def first(self) -> Program | None:
-        return self._programs[self._keys[0][-1]] if self._keys else None
+        return self._programs[self._blocks[0].keys[0][-1]] if self._blocks else None
+
+    def bounds(self) -> tuple[int, int, float]:
+        """The least demand, least uncached context and earliest force deadline of the whole queue (its
+        blocks' bounds; 0, 0, inf when empty)."""
+        blocks = self._blocks
+        if not blocks:
+            return 0, 0, math.inf
+        first = blocks[0]
+        required, uncached, forced_at = first.required, first.uncached, first.forced_at
+        for block in blocks:
+            required = min(required, block.required)
+            uncached = min(uncached, block.uncached)
+            forced_at = min(forced_at, block.forced_at)
+        return required, uncached, forced_at
 
     def min_required(self) -> int:
-        """A lower bound of the queued Programs' demands (0 when empty)."""
-        return self._demand.min(self._programs) or 0
+        """The least demand among the queued Programs (0 when empty)."""
+        return self.bounds()[0]
 
     def min_uncached(self) -> int:
-        """A lower bound of the queued Programs' uncached contexts (0 when empty)."""
-        return self._uncached.min(self._programs) or 0
+        """The least uncached context among the queued Programs (0 when empty)."""
+        return self.bounds()[1]
 
     def take_pending(self) -> list[Program]:
         pending = sorted(self.pending, key=_queue_key)

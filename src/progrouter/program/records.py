@@ -38,6 +38,7 @@ class QueueEntry(NamedTuple):
     key: QueueKey
     required: int  # its private demand when (re)queued
     uncached: int  # its context beyond the shared prefix (what a cold start recomputes) when (re)queued
+    forced_at: float  # its force-resume deadline (fixed while it waits; inf without one)
 
 
 class ForceResume(NamedTuple):

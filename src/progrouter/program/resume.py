@@ -25,7 +25,7 @@ Force resume (upstream §3.7): when a Program enters a queue its deadline is fro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,9 +49,9 @@ from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
     from progrouter.program.admission import RankView
-    from progrouter.program.core import Core
-    from progrouter.program.queues import RankQueue
+    from progrouter.program.queues import RankQueue, RankQueues
     from progrouter.program.state import Program
+    from progrouter.program.views import Dispatching, Queueing, RankSource, Scheduling
 
 
 # ------------------------------------------------------------------------------------------------ ordering
@@ -88,7 +88,7 @@ def cross_rank_key(program: Program, front: RequestHints | None, now: float) -> 
     return (forced, priority, yielded, _queued_at(program, now), 0.0, program.ref.program_id, program.serial)
 
 
-def wait(core: Core, program: Program, now: float) -> None:
+def wait(core: Queueing, program: Program, now: float) -> None:
     """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
     its demand grew)."""
     if program.queue_entry is not None:
@@ -97,44 +97,47 @@ def wait(core: Core, program: Program, now: float) -> None:
         enqueue(core, program, now)
 
 
-def enqueue(core: Core, program: Program, now: float) -> None:
+def enqueue(core: Queueing, program: Program, now: float) -> None:
     """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
     if program.queue_entry is not None or program.last_target is None:
         return
+    front = core.pool.front_hints(program)
     force = program.force_resume
     if force is None:
-        _freeze_force_deadline(core, program, now)
+        _freeze_force_deadline(core, program, front, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
         core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
-    _insert(core, program, now)
+    _insert(core, program, front, now)
 
 
-def _insert(core: Core, program: Program, now: float) -> None:
-    required = required_tokens(program, core.pool, core.config.decode_buffer_tokens)
-    uncached = uncached_tokens(program)
-    key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
-    core.queues.insert(program, QueueEntry(key, required, uncached))
+def _insert(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
+    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request."""
+    config = core.config
+    required = required_tokens(program, front, config.decode_buffer_tokens)
+    key = local_key(program, front, config.resume_order, now)
+    force = program.force_resume
+    forced_at = math.inf if force is None else force.deadline
+    core.queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
 
 
-def requeue(core: Core, program: Program, now: float) -> None:
+def requeue(core: Queueing, program: Program, now: float) -> None:
     """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
     if program.queue_entry is None:
         return
     core.queues.remove(program)
-    _insert(core, program, now)
+    _insert(core, program, core.pool.front_hints(program), now)
 
 
-def stop_waiting(core: Core, program: Program) -> None:
+def stop_waiting(queues: RankQueues, program: Program) -> None:
     """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
     deadline end with it, in one assignment."""
-    core.queues.remove(program)
+    queues.remove(program)
     program.force_resume = None
 
 
-def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
+def _freeze_force_deadline(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
     config = core.config
-    estimate = core.work.estimate(core, program, now)
-    front = core.pool.front_hints(program)
+    estimate = core.work.estimate(core, program, front, now)
     timeout = effective_force_resume_timeout(
         estimate.timeout_seconds,
         front.deadline_seconds if front is not None else None,
@@ -151,7 +154,7 @@ def _freeze_force_deadline(core: Core, program: Program, now: float) -> None:
     core.timers.arm(program, TimerKind.FORCE_RESUME, now + timeout)
 
 
-def on_force_timer(core: Core, program: Program, now: float) -> None:
+def on_force_timer(core: Queueing, program: Program, now: float) -> None:
     """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
     force = program.force_resume
     if program.queue_entry is None or force is None:
@@ -197,9 +200,12 @@ class ForceResumeWork:
     def forget(self, target_id: str) -> None:
         self._ranks.pop(target_id, None)
 
-    def estimate(self, core: Core, program: Program, now: float) -> ForceResumeEstimate:
+    def estimate(
+        self, core: Queueing, program: Program, front: RequestHints | None, now: float
+    ) -> ForceResumeEstimate:
+        """The workload estimate for ``program`` entering its queue now (``front``: its front hints)."""
         maximum = core.config.force_resume_timeout_seconds
-        key = local_key(program, core.pool.front_hints(program), core.config.resume_order, now)
+        key = local_key(program, front, core.config.resume_order, now)
         if core.config.global_queue:
             pool = self._pool(core, program.ref.model_pool, now)
             ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
@@ -222,7 +228,7 @@ class ForceResumeWork:
             max_timeout=maximum,
         )
 
-    def _rank(self, core: Core, target: str, now: float) -> RankWork:
+    def _rank(self, core: RankSource, target: str, now: float) -> RankWork:
         cached = self._ranks.get(target)
         if cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds:
             return cached
@@ -240,7 +246,7 @@ class ForceResumeWork:
         work = self._ranks[target] = RankWork(now, rounds, throughput, active)
         return work
 
-    def _pool(self, core: Core, model_pool: str, now: float) -> PoolWork:
+    def _pool(self, core: Queueing, model_pool: str, now: float) -> PoolWork:
         targets = core.pool_targets.get(model_pool, [])
         cached = self._pools.get(model_pool)
         fresh = cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds
@@ -257,11 +263,11 @@ class ForceResumeWork:
 
 
 # ------------------------------------------------------------------------------------------------ admission
-def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: float) -> None:
+def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, now: float) -> None:
     """Activate ``program`` on the planned Rank and dispatch its retained requests."""
     previous = program.last_target
     target = plan.target_id
-    stop_waiting(core, program)
+    stop_waiting(core.queues, program)
     core.table.activate(program, target, plan.required, overflow=plan.overflow)
     lifecycle.activated(program, now)
     observer = core.observer
@@ -288,7 +294,7 @@ def commit_admission(core: Core, program: Program, plan: AdmissionPlan, now: flo
     dispatch_retained(core, program, now)
 
 
-def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
+def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) -> None:
     observer = core.observer
     target = plan.target_id
     observer.histogram("admission_used_tokens", plan.used, target=target)
@@ -310,27 +316,34 @@ def _admission_histograms(core: Core, plan: AdmissionPlan, now: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
-def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> None:
+def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool) -> None:
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
     while queue is not None and len(queue):
+        pending: list[Program] = []
         if full:
-            candidates: Iterator[Program] = queue.iter_ordered()
             queue.pending.clear()
         else:
             pending = queue.take_pending()
             if not pending:
                 return
-            candidates = iter(pending)
         core.agenda.settled(target_id)
         view = rank_view(core, target_id, now)
         if view.gate_blocked:
             return
+        least = queue.bounds()
+        if full:
+            hopeless = _hopeless(view, now)
+            if hopeless(*least):
+                return  # then every block is: nobody can be admitted
+            candidates = queue.iter_ordered(hopeless)
+        else:
+            candidates = iter(pending)
         unforced_possible: bool | None = None
         for program in candidates:
             if not _forced(program, now):
                 if unforced_possible is None:
-                    unforced_possible = view.admits_some(queue.min_required(), queue.min_uncached())
+                    unforced_possible = view.admits_some(least[0], least[1])
                 if not unforced_possible:
                     return
                 entry = program.queue_entry
@@ -348,7 +361,18 @@ def schedule_target(core: Core, target_id: str, now: float, *, full: bool) -> No
         full = True  # the commit changed the Rank: everyone is a candidate again
 
 
-def cross_rank_pass(core: Core, model_pool: str, now: float) -> None:
+def _hopeless(view: RankView, now: float) -> Callable[[int, int, float], bool]:
+    """Whether the plan admits none of a run of queued candidates, from the run's least demand, least
+    uncached context and earliest force deadline: it refuses what ``judge`` refuses, and so does a forced
+    candidate while the Rank holds one admitted past its limits (``FORCE_BOUND``)."""
+
+    def hopeless(required: int, uncached: int, forced_at: float) -> bool:
+        return (forced_at > now or view.overflow_busy) and not view.admits_some(required, uncached)
+
+    return hopeless
+
+
+def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
     """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
     config = core.config
     targets = core.pool_targets.get(model_pool, [])

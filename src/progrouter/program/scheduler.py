@@ -248,7 +248,7 @@ class ProgramScheduler:
         _, was_front = removed
         idle = core.table.request_withdrawn(program)
         if not core.pool.waiting(program):
-            stop_waiting(core, program)
+            stop_waiting(core.queues, program)
         elif was_front:
             requeue(core, program, now)  # the new front brings its own priority
         if idle:

@@ -486,7 +486,7 @@ class ProgramTable:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
-        after = TRANSITIONS[event].get(program.phase, _MISSING)
+        after = TRANSITIONS[event].get((program.state, program.status), _MISSING)
         if after is _MISSING:
             raise IllegalTransition(f"{event} is not allowed from {program.state}+{program.status}")
         if after is None:

@@ -37,7 +37,7 @@ class Timers:
     __slots__ = ("_floor", "_heap", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, object]] = []
+        self._heap: list[tuple[float, TimerKind, int, object]] = []  # kind orders as its int
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
 
@@ -45,7 +45,7 @@ class Timers:
         return len(self._heap)
 
     def add(self, when: float, kind: TimerKind, payload: object) -> None:
-        heapq.heappush(self._heap, (when, int(kind), next(self._seq), payload))
+        heapq.heappush(self._heap, (when, kind, next(self._seq), payload))
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:
         """Make sure ``program`` hears from ``kind`` no later than ``when``."""
@@ -69,7 +69,7 @@ class Timers:
         out: list[Due] = []
         while heap and heap[0][0] <= now:
             when, kind, _, payload = heapq.heappop(heap)
-            out.append((when, TimerKind(kind), payload))
+            out.append((when, kind, payload))
         return out
 
     def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
@@ -78,7 +78,7 @@ class Timers:
         retention, a cancelled wait) would otherwise stay referenced until then."""
         if len(self._heap) <= 2 * self._floor + 1024:
             return
-        self._heap = [e for e in self._heap if still_valid(e[0], TimerKind(e[1]), e[3])]
+        self._heap = [e for e in self._heap if still_valid(e[0], e[1], e[3])]
         heapq.heapify(self._heap)
         self._floor = len(self._heap)
 
@@ -87,7 +87,7 @@ class Timers:
         heap = self._heap
         while heap:
             when, kind, _, payload = heap[0]
-            if still_valid(when, TimerKind(kind), payload):
+            if still_valid(when, kind, payload):
                 return when
             heapq.heappop(heap)
         return None

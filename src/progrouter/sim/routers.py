@@ -25,7 +25,7 @@ from progrouter.program.identity import extract_identity
 from progrouter.program.observer import RecordingObserver
 from progrouter.program.outcomes import Dispatched, ProgramRequest
 from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.types import BackendObservation, UsageObservation
+from progrouter.program.types import BackendObservation, PoolFull, UsageObservation
 from progrouter.routing.policies import RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.sim.clock import VirtualClock
@@ -177,7 +177,11 @@ class ProgramRouter:
             model_pool=MODEL_POOL,
             estimated_context_tokens=request.request.input_tokens,
         )
-        handle = self.scheduler.arrive(now, program_request)
+        try:
+            handle = self.scheduler.arrive(now, program_request)
+        except PoolFull as exc:  # as the live gate: 429, and the agent goes on
+            self._reject(request, 429, str(exc))
+            return
         request.handle = handle
         self._pending[handle.id] = request
         self._drain()

@@ -1,0 +1,149 @@
+"""Rank queues kept in blocks: the order and bounds match a plain sorted list, and a scheduling pass that
+skips blocks decides exactly what a pass over every candidate decides."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from typing import Any
+
+import pytest
+
+from progrouter.config import ProgramSchedulingConfig
+from progrouter.program import queues as queues_module
+from progrouter.program import resume
+from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
+from progrouter.program.queues import RankQueue
+from progrouter.program.records import QueueEntry
+from progrouter.program.scheduler import ProgramScheduler
+from progrouter.program.state import Program, ProgramRef
+from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
+from progrouter.routing.target import Target
+
+POOL = "program:model:m"
+
+
+def _program(serial: int) -> Program:
+    ref = ProgramRef(POOL, f"p{serial}", 0)
+    return Program(
+        ref, ProgramIdentity(f"p{serial}", f"p{serial}", f"p{serial}"), serial, ref.redacted_id(), 0.0
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatch: Any) -> None:
+    monkeypatch.setattr(queues_module, "BLOCK_KEYS", 4)  # many splits and merges at a few hundred keys
+    rng = random.Random(seed)
+    queue = RankQueue()
+    live: dict[int, tuple[Program, QueueEntry]] = {}
+    for step in range(2000):
+        if live and (len(live) > 300 or rng.random() < 0.45):
+            serial = rng.choice(sorted(live))
+            program, _ = live.pop(serial)
+            queue.remove(program)
+            assert program.queue_entry is None
+        else:
+            program = _program(step)
+            key = (rng.randint(0, 1), 0, 0, rng.random(), 0.0, program.ref.program_id, program.serial)
+            forced_at = math.inf if rng.random() < 0.5 else rng.uniform(0.0, 10.0)
+            entry = QueueEntry(key, rng.randint(1, 1000), rng.randint(0, 1000), forced_at)
+            queue.insert(program, entry)
+            live[program.serial] = (program, entry)
+        expected = sorted(live.values(), key=lambda pe: pe[1].key)
+        assert [p for p, _ in expected] == queue.ordered() == list(queue.iter_ordered())
+        assert len(queue) == len(live)
+        assert queue.first() is (expected[0][0] if expected else None)
+        assert queue.min_required() == min((e.required for _, e in expected), default=0)
+        assert queue.min_uncached() == min((e.uncached for _, e in expected), default=0)
+        if expected and step % 7 == 0:
+            probe = expected[rng.randrange(len(expected))][1].key
+            assert queue.ahead_of(probe) == [e.key for _, e in expected].index(probe)
+            # a skipped block never hides an entry the bounds would let through
+            bound = rng.randint(1, 1000)
+            kept = list(queue.iter_ordered(lambda required, _u, _f, bound=bound: required > bound))
+            assert {p for p, e in expected if e.required <= bound} <= set(kept)
+
+
+def _run(seed: int, monkeypatch: Any, *, skip: bool) -> tuple[list[tuple[str, int, str]], int]:
+    """A seeded closed loop of 300 Programs on two Ranks that fit about 25: long queues, matured windows,
+    forced resumes, scrapes. Returns every decision in order and how many blocks the passes skipped
+    (``skip`` False: a pass looks at every candidate)."""
+    monkeypatch.setattr(queues_module, "BLOCK_KEYS", 2)
+    skipped = 0
+    hopeless = resume._hopeless
+
+    def counting(view: Any, now: float) -> Any:
+        test = hopeless(view, now)
+
+        def wrapped(required: int, uncached: int, forced_at: float) -> bool:
+            nonlocal skipped
+            result = skip and test(required, uncached, forced_at)
+            skipped += result
+            return result
+
+        return wrapped
+
+    monkeypatch.setattr(resume, "_hopeless", counting)
+    config = ProgramSchedulingConfig(
+        token_capacity_per_dp_rank=100_000,
+        stats_window_size=20,
+        force_resume_timeout_seconds=2.0,
+        queue_timeout_seconds=30.0,
+        max_pooled_requests=1000,
+        global_queue=True,
+    )
+    scheduler = ProgramScheduler(config)
+    targets = [Target.parse("http://w:1@0"), Target.parse("http://w:1@1")]
+    scheduler.set_targets(POOL, targets, 0.0)
+    rng = random.Random(seed)
+    contexts = [rng.randint(1_000, 9_000) for _ in range(300)]
+    decisions: list[tuple[str, int, str]] = []
+    in_flight: deque[ProgramDispatch] = deque()
+    idle: deque[int] = deque(range(300))
+    now = 0.0
+
+    def collect() -> None:
+        for outcome in scheduler.take_outcomes():
+            if isinstance(outcome, Dispatched):
+                decisions.append(("dispatch", outcome.handle.id, outcome.dispatch.target.id))
+                in_flight.append(outcome.dispatch)
+            elif isinstance(outcome, TimedOut):
+                decisions.append(("timeout", outcome.handle.id, ""))
+                idle.append(int(outcome.handle.program_id[1:]))
+
+    for step in range(2500):
+        now += rng.uniform(0.0, 0.05)
+        if idle and (not in_flight or rng.random() < 0.7):
+            i = idle.popleft()
+            hints = RequestHints(
+                priority=rng.choice([0, 0, 1]), kv_retention_ttl_seconds=rng.choice([None, 0.5])
+            )
+            identity = ProgramIdentity(f"p{i}", f"p{i}", f"p{i}")
+            scheduler.arrive(now, ProgramRequest(identity, hints, POOL, contexts[i]))
+        elif in_flight:
+            dispatch = in_flight.popleft()
+            i = int(dispatch.program.program_id[1:])
+            prompt = contexts[i]
+            contexts[i] += rng.randint(50, 400)
+            usage = UsageObservation(prompt, 100, int(prompt * rng.uniform(0.5, 1.0)))
+            scheduler.complete(now, dispatch, success=True, usage=usage, decode_seconds=1.0)
+            idle.append(i)
+        if step % 50 == 0:
+            epoch = scheduler.begin_observation(now)
+            observed = {
+                t.id: BackendObservation(rng.uniform(0.3, 0.9), rng.randint(5, 30), 0) for t in targets
+            }
+            scheduler.apply_observations(now, epoch, observed)
+            scheduler.tick(now)
+        collect()
+    return decisions, skipped
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_skipping_blocks_decides_what_a_full_scan_decides(seed: int, monkeypatch: Any) -> None:
+    skipping, skipped = _run(seed, monkeypatch, skip=True)
+    scanning, none = _run(seed, monkeypatch, skip=False)
+    assert skipped > 100 and none == 0  # blocks were really skipped in one run and never in the other
+    assert len(skipping) > 1000
+    assert skipping == scanning
