@@ -14,9 +14,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from progrouter.config import BindingStrategy, Policy, RouterConfig
-from progrouter.routing.policies import build_policy, cache_index_for
-from progrouter.routing.prefix_tree import CacheAwareIndex
+from progrouter.config import RouterConfig
+from progrouter.routing.policies import build_policy
 from progrouter.routing.target import expand_targets
 from progrouter.server.admin import add_admin_routes
 from progrouter.server.auth import AccessPolicy, access_control
@@ -31,53 +30,18 @@ from progrouter.server.headers import header_hygiene
 from progrouter.server.health import HealthChecker, HealthTracker
 from progrouter.server.limiter import InboundLimiter
 from progrouter.server.metrics import RouterMetrics
+from progrouter.server.prefix_index import evict_periodically, shared_cache_index
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
 from progrouter.server.request_id import install_request_ids
 from progrouter.server.retry import RetryPolicy
 from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
+from progrouter.server.status import add_status_routes
 
 log = logging.getLogger("progrouter.router")
 
 
 def _auth_headers(config: RouterConfig) -> dict[str, str]:
     return {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
-
-
-def _shared_cache_index(config: RouterConfig) -> CacheAwareIndex | None:
-    """One prefix index when native cache_aware routing or Program cache_aware binding uses it."""
-    program = config.program_scheduling
-    if config.policy is Policy.CACHE_AWARE or (
-        program is not None and program.binding_strategy is BindingStrategy.CACHE_AWARE
-    ):
-        return cache_index_for(config)
-    return None
-
-
-async def handle_health(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    unhealthy = state.health.unhealthy()
-    if unhealthy:
-        return json_response({"status": "unhealthy", "unhealthy_workers": unhealthy}, status=503)
-    return json_response({"status": "healthy", "message": "All servers healthy"})
-
-
-async def handle_readiness(request: web.Request) -> web.Response:
-    """Upstream's shape; not ready while no worker is healthy (e.g. during the startup wait) or draining."""
-    state = request.app[STATE_KEY]
-    total = len(state.targets)  # upstream counts DP Ranks as workers
-    if state.draining:
-        reason = "router is shutting down"
-    elif not state.candidates:
-        reason = "no healthy workers available"
-    else:
-        return json_response(
-            {"status": "ready", "healthy_workers": len(state.candidates), "total_workers": total}
-        )
-    return json_response({"status": "not_ready", "reason": reason, "total_workers": total}, status=503)
-
-
-async def handle_liveness(request: web.Request) -> web.Response:
-    return json_response({"status": "alive"})
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -116,22 +80,6 @@ async def handle_models(request: web.Request) -> web.Response:
     return json_response({"object": "list", "data": data})
 
 
-async def handle_diagnostics(request: web.Request) -> web.Response:
-    """The Program snapshot, one page of Programs: ``?offset=N&limit=M`` (limit capped by the scheduler)."""
-    gate = request.app[STATE_KEY].gate
-    if gate is None:
-        return json_error(404, "Program scheduling is not enabled")
-    page: dict[str, int] = {}
-    for name in ("offset", "limit"):
-        raw = request.query.get(name)
-        if raw is None:
-            continue
-        if not raw.isdigit() or len(raw) > 9:
-            return json_error(400, f"{name} must be a non-negative integer")
-        page[name] = int(raw)
-    return json_response(gate.diagnostics(**page))
-
-
 async def _not_found(request: web.Request) -> web.Response:
     return json_error(404, f"no route for {request.method} {request.path}")
 
@@ -145,15 +93,6 @@ def _log_calibration_warning(warning: dict[str, Any]) -> None:
     logging.getLogger("progrouter.program").warning(
         "event=%s%s", warning["event"], text, extra={"event": warning["event"], "fields": fields}
     )
-
-
-async def _evict_periodically(index: CacheAwareIndex, interval: float) -> None:
-    """Upstream's eviction thread: every ``interval`` trim each target's prefix tree to ``max_tree_size``."""
-    while True:
-        await asyncio.sleep(interval)
-        dropped = index.evict()
-        if dropped:
-            log.debug("prefix-tree eviction dropped %d characters", dropped)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -188,7 +127,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if state.cache_index is not None:
         tasks.append(
             asyncio.create_task(
-                _evict_periodically(state.cache_index, config.eviction_interval_secs),
+                evict_periodically(state.cache_index, config.eviction_interval_secs),
                 name="progrouter-eviction",
             )
         )
@@ -254,7 +193,7 @@ def build_app(
     """
     registry = registry if registry is not None else CollectorRegistry()
     targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
-    cache_index = _shared_cache_index(config)
+    cache_index = shared_cache_index(config)
     state = RouterState(
         config=config,
         targets=targets,
@@ -287,11 +226,8 @@ def build_app(
     install_cors(app, config.cors_allowed_origins)
     app[REGISTRY_KEY] = registry
     app[CONFIG_KEY] = config
-    app.router.add_get("/health", handle_health)
-    app.router.add_get("/readiness", handle_readiness)
-    app.router.add_get("/liveness", handle_liveness)
+    add_status_routes(app)
     app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/scheduling/diagnostics", handle_diagnostics)
     add_admin_routes(app)
     if config.dashboard == "router":
         install_dashboard(app, app)

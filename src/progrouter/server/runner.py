@@ -9,29 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
 from progrouter.server.connection import ConnectionGuard, GuardedSite
 from progrouter.server.dashboard import install_metrics_dashboard
 from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
+from progrouter.server.status import metrics_app
 
 STOP_GRACE_SECONDS = 1.0
 
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    async def handle(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    app.router.add_get("/", handle)
-    return app
 
 
 @dataclass
