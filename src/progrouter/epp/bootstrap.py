@@ -1,0 +1,175 @@
+"""Envoy bootstraps: Envoy + the EPP (ext_proc → ORIGINAL_DST), and Envoy alone (round robin, for bench).
+
+The EPP bootstrap: one HTTP listener whose ext_proc filter sends the request headers and the whole request
+body (BUFFERED: the EPP needs the body to read Program identity and size the prompt) and the response
+headers and body (STREAMED: usage, chunk by chunk) to the EPP; the router filter then sends the request to
+the ``ORIGINAL_DST`` cluster, which connects to the ``host:port`` the EPP wrote in
+``x-gateway-destination-endpoint``.
+
+Timeouts follow from the scheduler's: Envoy must wait for the EPP's answer to the request body as long as
+the RequestPool may hold it (``message_timeout`` = queue timeout + a margin), and the downstream stream may
+stay idle that long too. ``failure_mode_allow`` is false (fail closed): with no EPP there is no endpoint to
+route to (the ORIGINAL_DST cluster has no hosts of its own), so failing open could only answer 503 later,
+and it would bypass the Program ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from progrouter.epp.messages import DESTINATION_HEADER
+
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+MARGIN_SECONDS = 5.0
+# Envoy's default circuit breakers (1024 requests per cluster) would refuse a RequestPool's waiting crowd.
+_UNLIMITED = {
+    "thresholds": [{"max_connections": 1 << 30, "max_pending_requests": 1 << 30, "max_requests": 1 << 30}]
+}
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}s"
+
+
+def _cluster(name: str, kind: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "type": kind, "connect_timeout": "5s", "circuit_breakers": _UNLIMITED, **fields}
+
+
+def _static(name: str, endpoints: list[tuple[str, int]], **fields: Any) -> dict[str, Any]:
+    lb = [{"endpoint": {"address": _address(h, p)}} for h, p in endpoints]
+    return _cluster(
+        name, "STATIC", load_assignment={"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]}, **fields
+    )
+
+
+def _bootstrap(
+    *,
+    http_filters: list[dict[str, Any]],
+    clusters: list[dict[str, Any]],
+    host: str,
+    port: int,
+    idle_seconds: float,
+    route_seconds: float,
+    max_request_bytes: int,
+) -> dict[str, Any]:
+    hcm = {
+        "@type": _HCM,
+        "stat_prefix": "inference",
+        "stream_idle_timeout": _seconds(idle_seconds),
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "inference",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": "workers", "timeout": _seconds(route_seconds)},
+                        }
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            *http_filters,
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
+        ],
+    }
+    return {
+        "admin": {"address": _address(host, 0)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "inference",
+                    "address": _address(host, port),
+                    "per_connection_buffer_limit_bytes": max_request_bytes,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+
+
+def epp_bootstrap(
+    epp: tuple[str, int],
+    *,
+    queue_timeout_seconds: float,
+    request_timeout_seconds: float,
+    max_request_bytes: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> dict[str, Any]:
+    """Envoy on ``host:port`` (0: any free port), asking the EPP at ``epp`` where each request goes."""
+    wait = queue_timeout_seconds + MARGIN_SECONDS
+    ext_proc = {
+        "@type": _EXT_PROC,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+        "failure_mode_allow": False,
+        "message_timeout": _seconds(wait),
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": "BUFFERED",
+            "request_trailer_mode": "SKIP",
+            "response_header_mode": "SEND",
+            "response_body_mode": "STREAMED",
+            "response_trailer_mode": "SKIP",
+        },
+    }
+    http2 = {
+        _HTTP_OPTIONS: {
+            "@type": f"type.googleapis.com/{_HTTP_OPTIONS}",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    clusters = [
+        _static("epp", [epp], typed_extension_protocol_options=http2),
+        _cluster(
+            "workers",
+            "ORIGINAL_DST",
+            lb_policy="CLUSTER_PROVIDED",
+            original_dst_lb_config={"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        ),
+    ]
+    return _bootstrap(
+        http_filters=[{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}],
+        clusters=clusters,
+        host=host,
+        port=port,
+        idle_seconds=wait + request_timeout_seconds,
+        route_seconds=request_timeout_seconds,
+        max_request_bytes=max_request_bytes,
+    )
+
+
+def round_robin_bootstrap(
+    workers: list[tuple[str, int]],
+    *,
+    request_timeout_seconds: float,
+    max_request_bytes: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> dict[str, Any]:
+    """Envoy alone: round robin over ``workers`` (the baseline of bench/epp.py)."""
+    return _bootstrap(
+        http_filters=[],
+        clusters=[_static("workers", workers, lb_policy="ROUND_ROBIN")],
+        host=host,
+        port=port,
+        idle_seconds=request_timeout_seconds,
+        route_seconds=request_timeout_seconds,
+        max_request_bytes=max_request_bytes,
+    )

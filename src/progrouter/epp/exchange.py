@@ -1,0 +1,117 @@
+"""One ext_proc stream: the life of one HTTP request that Envoy forwards.
+
+Envoy sends the request headers, then the request body (BUFFERED: whole, in one message), then the response
+headers and the response body chunk by chunk (STREAMED), answering each message before the next. The EPP
+answers the headers with CONTINUE, and the body with the chosen endpoint once the decision is made: while
+the Program gate retains the request the EPP simply does not answer yet (Envoy holds the request; its
+``message_timeout`` must exceed the RequestPool's queue timeout). A refusal (429 queue timeout, 400 bad
+identity, 503) is an immediate response and ends the stream.
+
+The response's usage reaches the scheduler exactly once, when the body ends (JSON) or as it streams (SSE);
+a stream that ends any other way (the client reset, Envoy's timeout, the upstream failed before answering)
+completes the request as failed — and a request still retained is withdrawn from the RequestPool, because
+gRPC cancels this coroutine the moment Envoy resets the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from progrouter.epp.messages import header_map, proceed, refuse, route_to
+from progrouter.epp.picker import Pick, Refusal, pick
+from progrouter.server.state import RouterState
+
+log = logging.getLogger("progrouter.epp")
+
+
+class Exchange:
+    """The request (headers, then buffered body) until it is routed; then its response, until it ends."""
+
+    def __init__(self, state: RouterState) -> None:
+        self._state = state
+        self._limit = state.config.max_payload_size
+        self._route = "/"
+        self._headers: Any = None
+        self._body = bytearray()
+        self._pick: Pick | None = None
+        self._status = 0
+        self._sse = False
+        self._json: bytearray | None = bytearray()  # None once past the size limit: usage unknown
+
+    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """The answers to Envoy's messages, one per message."""
+        try:
+            async for message in requests:
+                phase = message.WhichOneof("request")
+                if phase == "request_headers":
+                    answer = await self._request_headers(message.request_headers)
+                elif phase == "request_body":
+                    answer = await self._request_body(message.request_body)
+                elif phase == "response_headers":
+                    answer = self._response_headers(message.response_headers)
+                elif phase == "response_body":
+                    answer = self._response_body(message.response_body)
+                else:
+                    answer = proceed(phase)
+                yield answer
+                if answer.WhichOneof("response") == "immediate_response":
+                    return
+        finally:
+            if self._pick is not None:
+                self._pick.finish(False)  # a no-op after a response that ended
+
+    async def _request_headers(self, message: Any) -> Any:
+        self._headers = header_map(message.headers)
+        self._route = self._headers.get(":path", "/").split("?", 1)[0]
+        if message.end_of_stream:  # no body: decide on the headers alone
+            return await self._decide("request_headers")
+        return proceed("request_headers")
+
+    async def _request_body(self, message: Any) -> Any:
+        if len(self._body) + len(message.body) > self._limit:
+            return refuse(413, f"request body exceeds the {self._limit}-byte limit", "payload_too_large")
+        self._body += message.body
+        if not message.end_of_stream:
+            return proceed("request_body")
+        return await self._decide("request_body")
+
+    async def _decide(self, phase: str) -> Any:
+        try:
+            self._pick = await pick(self._state, self._route, self._headers, bytes(self._body))
+        except Refusal as refusal:
+            return refuse(refusal.status, str(refusal), refusal.reason)
+        self._body = bytearray()
+        target = self._pick.target
+        return route_to(phase, self._pick.endpoint, target.dp_rank)
+
+    def _response_headers(self, message: Any) -> Any:
+        headers = header_map(message.headers)
+        self._status = int(headers.get(":status", "0") or 0)
+        self._sse = headers.get("content-type", "").startswith("text/event-stream")
+        if message.end_of_stream:
+            self._end()
+        return proceed("response_headers")
+
+    def _response_body(self, message: Any) -> Any:
+        ticket = self._pick.ticket if self._pick is not None else None
+        if ticket is not None and message.body:
+            if self._sse:
+                ticket.observe_sse(message.body)
+            elif self._json is not None:
+                self._json = None if len(self._json) + len(message.body) > self._limit else self._json
+                if self._json is not None:
+                    self._json += message.body
+        if message.end_of_stream:
+            self._end()
+        return proceed("response_body")
+
+    def _end(self) -> None:
+        """The response is complete: its usage in, then the request finished (2xx: success)."""
+        if self._pick is None:
+            return
+        ticket = self._pick.ticket
+        if ticket is not None and not self._sse and self._json:
+            ticket.observe_json(bytes(self._json))
+        self._pick.finish(200 <= self._status < 300)
