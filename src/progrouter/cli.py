@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("progrouter.server.cli", "run the router in front of vLLM workers"),
+    "epp": ("progrouter.epp.cli", "an Envoy ext_proc endpoint picker around the Program scheduler"),
     "engine": ("progrouter.engine.cli", "run the vLLM-compatible engine emulator"),
     "replay": ("progrouter.workload.replay_cli", "replay an agent trace against a router or engine"),
     "trace": ("progrouter.workload.trace_cli", "generate, import and inspect agent traces"),

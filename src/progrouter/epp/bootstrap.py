@@ -83,7 +83,7 @@ def _bootstrap(
         ],
     }
     return {
-        "admin": {"address": _address(host, 0)},
+        "admin": {"address": _address("127.0.0.1", 0)},  # local only: it can stop Envoy
         "static_resources": {
             "listeners": [
                 {

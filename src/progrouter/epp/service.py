@@ -114,10 +114,10 @@ class RunningEpp:
     _runners: list[web.AppRunner] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    async def stop(self) -> None:
-        """Stop taking streams (those in flight get the grace period), then the loops and listeners."""
+    async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Stop taking streams (those in flight get ``grace`` seconds), then the loops and listeners."""
         if self._server is not None:
-            await self._server.stop(STOP_GRACE_SECONDS)
+            await self._server.stop(grace)
             self._server = None
         for task in self._tasks:
             task.cancel()

@@ -1,0 +1,136 @@
+"""`progrouter epp`: the Envoy ext_proc endpoint picker, with `serve`'s flags, config file and environment.
+
+``--host``/``--port`` are the gRPC (ext_proc) listener, ``--admin-port`` the HTTP listener of health,
+readiness, liveness, diagnostics and the dashboard, ``--prometheus-port`` the ``/metrics`` listener. Flags
+about the proxy itself (retries, circuit breaker, inbound limits, the client edge) are accepted and unused:
+Envoy is the proxy. ``--print-envoy-bootstrap`` prints an Envoy bootstrap that asks this EPP, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from progrouter.config import ConfigError, RouterConfig
+from progrouter.server import cli as serve_cli
+
+log = logging.getLogger("progrouter.epp")
+DEFAULT_ADMIN_PORT = 9003
+DEFAULT_ENVOY_PORT = 8081
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    serve_cli.add_arguments(parser)
+    parser.description = (
+        "An Envoy ext_proc endpoint picker (Gateway API Inference Extension) around the Program scheduler;\n"
+        "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/epp.md)."
+    )
+    epp = parser.add_argument_group("endpoint picker")
+    epp.add_argument(
+        "--admin-port",
+        type=int,
+        default=DEFAULT_ADMIN_PORT,
+        help="HTTP port of /health, /readiness, /liveness, /scheduling/diagnostics and /dashboard "
+        f"(0: any free port; default: {DEFAULT_ADMIN_PORT})",
+    )
+    epp.add_argument(
+        "--print-envoy-bootstrap",
+        action="store_true",
+        help="print an Envoy bootstrap (JSON) whose listener asks this EPP, then exit",
+    )
+    epp.add_argument(
+        "--envoy-port",
+        type=int,
+        default=DEFAULT_ENVOY_PORT,
+        help=f"the printed bootstrap's listener port (default: {DEFAULT_ENVOY_PORT})",
+    )
+
+
+def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
+    from progrouter.epp.bootstrap import epp_bootstrap
+
+    program = config.program_scheduling
+    queue_timeout = program.queue_timeout_seconds if program is not None else 0.0
+    bootstrap = epp_bootstrap(
+        (config.host, config.port),
+        queue_timeout_seconds=queue_timeout,
+        request_timeout_seconds=config.request_timeout_secs,
+        max_request_bytes=config.max_payload_size,
+        host="0.0.0.0",
+        port=envoy_port,
+    )
+    return json.dumps(bootstrap, indent=2)
+
+
+async def serve_epp(config: RouterConfig, admin_port: int) -> int:
+    """Run until SIGINT/SIGTERM (exit 1 when no configured worker ever answered its health endpoint)."""
+    from progrouter.epp.service import start_epp
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    running = await start_epp(config, admin_port=admin_port, workers_start_healthy=not config.worker_urls)
+    state = running.state
+    log.info(
+        "progrouter epp: ext_proc on %s, admin %s, metrics %s, Program scheduling %s",
+        running.grpc_address,
+        running.admin_url,
+        running.metrics_url or "off",
+        "on" if config.program_scheduling is not None else "off",
+    )
+    try:
+        if config.worker_urls:
+            assert state.checker is not None
+            answered = await state.checker.wait_for_answer(
+                state.worker_urls, config.worker_startup_timeout_secs, config.worker_startup_check_interval
+            )
+            state.workers_answered(answered)
+            if not answered:
+                log.error(
+                    "no worker answered %s within %gs",
+                    config.health_check_endpoint,
+                    config.worker_startup_timeout_secs,
+                )
+                return 1
+        await stop.wait()
+        state.draining = True  # not ready; requests still waiting in the RequestPool get a retryable 503
+        if state.gate is not None:
+            state.gate.shed_waiting()
+    finally:
+        await running.stop(config.drain_timeout_secs)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    admin_port = args.__dict__.pop("admin_port")
+    printing = args.__dict__.pop("print_envoy_bootstrap")
+    envoy_port = args.__dict__.pop("envoy_port")
+    refused = serve_cli.refuse_unsupported(args)
+    if refused is not None:
+        print(f"progrouter epp: {refused}", file=sys.stderr)
+        return 2
+    try:
+        config = serve_cli.config_from_args(args)
+    except ConfigError as exc:
+        print(f"progrouter epp: {exc}", file=sys.stderr)
+        return 2
+    if printing:
+        print(bootstrap_text(config, envoy_port))
+        return 0
+    from progrouter.server.telemetry import setup_telemetry
+
+    try:
+        setup_telemetry(config)
+    except (OSError, ConfigError) as exc:
+        print(f"progrouter epp: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve_epp(config, admin_port))
+    except OSError as exc:
+        print(f"progrouter epp: cannot listen: {exc}", file=sys.stderr)
+        return 1
