@@ -165,6 +165,7 @@ async def test_client_disconnect_mid_stream_completes_the_request_as_failed(
     async with aiohttp.ClientSession() as leaving, leaving.post(stack.url + CHAT, json=body) as response:
         assert response.status == 200
         await response.content.readline()  # the stream has started
+        engine.server.set_fault(0, "stall")  # and now it cannot end on its own
         d = await diagnostics(client, stack)
         assert rank(d)["router_in_flight_requests"] == 1
     d = await wait_until(
