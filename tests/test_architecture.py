@@ -24,6 +24,8 @@ ALLOWED = {
     # to the emulators it launches) and the block-hash chain its prompts are keyed by
     "workload": {"config", "engine"},
     "sim": {"config", "routing", "program", "engine", "workload"},
+    # the Envoy ext_proc shell: the cores, and the server's pure pieces (never its proxy: see below)
+    "epp": {"config", "routing", "program", "server"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
 # console (its CLI, sim/cli.py, is a shell and may).
@@ -120,3 +122,28 @@ def test_only_the_dashboard_summary_reaches_into_the_scheduler() -> None:
     """The dashboard reads scheduler state in one place, read-only (``dashboard_summary.py``)."""
     readers = [p.name for p in sorted((SRC / "server").glob("*.py")) if "._core" in p.read_text()]
     assert readers == ["dashboard_summary.py"], readers
+
+
+# What the EPP must never load: Envoy is its proxy, so the aiohttp proxy and the app that wires it stay out.
+EPP_NEVER_LOADS = ("progrouter.server.proxy", "progrouter.server.app", "progrouter.server.runner")
+
+
+def test_the_epp_never_loads_the_proxy() -> None:
+    modules = sorted(
+        f"progrouter.epp.{p.stem}" for p in (SRC / "epp").glob("*.py") if p.name != "__init__.py"
+    )
+    assert modules
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {EPP_NEVER_LOADS!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", f"the EPP loads {loaded.strip()}"
+
+
+def test_the_epp_probe_sees_the_proxy_when_it_is_loaded() -> None:
+    """The probe above can fail: `serve`'s app does load the proxy."""
+    probe = "import sys, progrouter.server.app; print('progrouter.server.proxy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
