@@ -11,6 +11,8 @@ from typing import Any
 from progrouter.epp.bootstrap import round_robin_bootstrap
 from progrouter.epp.envoy import envoy_binary
 
+TIMEOUTS = {"queue_timeout_seconds": 42, "force_resume_timeout_seconds": 30}
+
 
 def _validate(bootstrap: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "envoy.json"
@@ -47,7 +49,7 @@ def test_the_printed_bootstrap_is_valid_and_fails_closed(tmp_path: Path) -> None
     bootstrap = _printed(
         "--worker-urls", "http://127.0.0.1:8000", "--enable-program-scheduling",
         "--host", "10.0.0.5", "--port", "9002", "--envoy-port", "8081",
-        "--program-scheduling-config-json", '{"queue_timeout_seconds": 42, "force_resume_timeout_seconds": 30}',
+        "--program-scheduling-config-json", json.dumps(TIMEOUTS),
     )  # fmt: skip
     _validate(bootstrap, tmp_path)
     ext_proc = _ext_proc(bootstrap)
