@@ -196,6 +196,9 @@ async def test_queue_timeout_is_an_immediate_429(
     assert answer["error"]["type"] == "rate_limit_error"
     d = await diagnostics(client, stack)
     assert d["retained_requests"] == 1  # the first request of prog-a still waits; the late one is gone
+    decisions = "progrouter_epp_decisions_total"
+    assert stack.epp.registry.get_sample_value(decisions, {"decision": "refused_429"}) == 1
+    assert stack.epp.registry.get_sample_value(decisions, {"decision": "program"}) == 1  # prog-z
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from progrouter.epp.messages import header_map, proceed, refuse, route_to
+from progrouter.epp.metrics import EppMetrics
 from progrouter.epp.picker import Pick, Refusal, pick
 from progrouter.server.state import RouterState
 
@@ -29,8 +30,9 @@ log = logging.getLogger("progrouter.epp")
 class Exchange:
     """The request (headers, then buffered body) until it is routed; then its response, until it ends."""
 
-    def __init__(self, state: RouterState) -> None:
+    def __init__(self, state: RouterState, metrics: EppMetrics) -> None:
         self._state = state
+        self._metrics = metrics
         self._limit = state.config.max_payload_size
         self._route = "/"
         self._headers: Any = None
@@ -71,6 +73,7 @@ class Exchange:
 
     async def _request_body(self, message: Any) -> Any:
         if len(self._body) + len(message.body) > self._limit:
+            self._metrics.decided("refused_413")
             return refuse(413, f"request body exceeds the {self._limit}-byte limit", "payload_too_large")
         self._body += message.body
         if not message.end_of_stream:
@@ -81,10 +84,11 @@ class Exchange:
         try:
             self._pick = await pick(self._state, self._route, self._headers, bytes(self._body))
         except Refusal as refusal:
+            self._metrics.decided(f"refused_{refusal.status}")
             return refuse(refusal.status, str(refusal), refusal.reason)
         self._body = bytearray()
-        target = self._pick.target
-        return route_to(phase, self._pick.endpoint, target.dp_rank)
+        self._metrics.decided("native" if self._pick.ticket is None else "program")
+        return route_to(phase, self._pick.endpoint, self._pick.target.dp_rank)
 
     def _response_headers(self, message: Any) -> Any:
         headers = header_map(message.headers)

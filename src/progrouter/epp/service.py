@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.epp.exchange import Exchange
+from progrouter.epp.metrics import EppMetrics
 from progrouter.routing.policies import build_policy
 from progrouter.routing.target import expand_targets
 from progrouter.server.auth import AccessPolicy, access_control
@@ -41,11 +42,12 @@ STOP_GRACE_SECONDS = 1.0
 class Processor(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ext_proc service: one ``Exchange`` per stream (per HTTP request Envoy forwards)."""
 
-    def __init__(self, state: RouterState) -> None:
+    def __init__(self, state: RouterState, metrics: EppMetrics) -> None:
         self._state = state
+        self._metrics = metrics
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        async for answer in Exchange(self._state).run(requests):
+        async for answer in Exchange(self._state, self._metrics).run(requests):
             yield answer
 
 
@@ -175,7 +177,7 @@ async def start_epp(
             running._runners.append(runner)
             running.metrics_url = _url(config.prometheus_host, port) + "/metrics"
         server = grpc.aio.server()
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(Processor(state), server)
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(Processor(state, EppMetrics(registry)), server)
         grpc_host = f"[{config.host}]" if ":" in config.host else config.host
         bound = server.add_insecure_port(f"{grpc_host}:{config.port}")
         await server.start()
