@@ -10,14 +10,13 @@ import aiohttp
 import pytest
 
 from integration.helpers import CAPACITY, MODEL, program_body, read_sse_usage, wait_until, words
+from integration.test_failover import programs
+from integration.test_program_scheduling import CHAT, PREFIX, rank
 from support.factories import EngineFactory
 
 from .conftest import Stack, StackFactory, program_config
 
 pytestmark = pytest.mark.timeout(90)
-
-PREFIX = "vllm_router_agent_aware_"
-CHAT = "/v1/chat/completions"
 
 
 async def diagnostics(client: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]:
@@ -25,12 +24,6 @@ async def diagnostics(client: aiohttp.ClientSession, stack: Stack) -> dict[str, 
         assert response.status == 200
         data: dict[str, Any] = await response.json()
         return data
-
-
-def rank(d: dict[str, Any]) -> dict[str, Any]:
-    assert len(d["ranks"]) <= 1
-    only: dict[str, Any] = d["ranks"][0] if d["ranks"] else {}
-    return only
 
 
 async def post(
@@ -253,10 +246,6 @@ async def test_progress_ttl_keeps_a_program_warm_across_a_short_gap_not_a_long_o
         PREFIX + "transitions_total", {"target": rank(d)["target_id"], "reason": "ttl_expired"}
     )
     assert expired == 1
-
-
-def programs(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for r in d["ranks"] for p in r["programs"]]
 
 
 async def test_killing_an_engine_fails_its_programs_over(

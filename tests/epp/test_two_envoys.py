@@ -10,10 +10,12 @@ import aiohttp
 import pytest
 
 from integration.helpers import program_body, words
+from integration.test_failover import programs
+from integration.test_program_scheduling import PREFIX
 from support.factories import EngineFactory
 
 from .conftest import StackFactory, program_config
-from .test_program_scenarios import PREFIX, diagnostics, post, programs
+from .test_program_scenarios import diagnostics, post
 
 pytestmark = pytest.mark.timeout(90)
 

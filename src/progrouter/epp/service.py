@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,16 +23,13 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import RouterConfig
 from progrouter.epp.exchange import Exchange
 from progrouter.epp.metrics import EppMetrics
-from progrouter.routing.policies import build_policy
-from progrouter.routing.target import expand_targets
 from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.dashboard import install_dashboard
 from progrouter.server.errors import json_errors
 from progrouter.server.gate import build_program_gate
-from progrouter.server.health import HealthChecker, HealthTracker
-from progrouter.server.metrics import RouterMetrics
-from progrouter.server.prefix_index import evict_periodically, shared_cache_index
-from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
+from progrouter.server.health import HealthChecker
+from progrouter.server.prefix_index import evict_periodically
+from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState, build_state
 from progrouter.server.status import add_status_routes, metrics_app
 
 STOP_GRACE_SECONDS = 1.0
@@ -49,29 +45,6 @@ class Processor(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         async for answer in Exchange(self._state, self._metrics).run(requests):
             yield answer
-
-
-def build_state(
-    config: RouterConfig, registry: CollectorRegistry, *, workers_start_healthy: bool
-) -> RouterState:
-    """The worker set, policy, prefix index and metrics, as `serve` builds them (the gate comes at start)."""
-    targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
-    cache_index = shared_cache_index(config)
-    state = RouterState(
-        config=config,
-        targets=targets,
-        policy=build_policy(config, cache_index, time.monotonic),
-        metrics=RouterMetrics(registry),
-        health=HealthTracker(
-            list(dict.fromkeys(t.base_url for t in targets)),
-            config.health_failure_threshold,
-            config.health_success_threshold,
-            initially_healthy=workers_start_healthy,
-        ),
-        cache_index=cache_index,
-    )
-    state.metrics.active_workers.set_function(lambda: len({t.base_url for t in state.candidates}))
-    return state
 
 
 def admin_app(state: RouterState, registry: CollectorRegistry) -> web.Application:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,8 +14,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
-from progrouter.routing.policies import build_policy
-from progrouter.routing.target import expand_targets
 from progrouter.server.admin import add_admin_routes
 from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerState
@@ -27,14 +24,13 @@ from progrouter.server.drain import drain_middleware
 from progrouter.server.errors import json_error, json_errors, json_response
 from progrouter.server.gate import build_program_gate
 from progrouter.server.headers import header_hygiene
-from progrouter.server.health import HealthChecker, HealthTracker
+from progrouter.server.health import HealthChecker
 from progrouter.server.limiter import InboundLimiter
-from progrouter.server.metrics import RouterMetrics
-from progrouter.server.prefix_index import evict_periodically, shared_cache_index
+from progrouter.server.prefix_index import evict_periodically
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
 from progrouter.server.request_id import install_request_ids
 from progrouter.server.retry import RetryPolicy
-from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState
+from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState, build_state
 from progrouter.server.status import add_status_routes
 
 log = logging.getLogger("progrouter.router")
@@ -192,21 +188,7 @@ def build_app(
     says 503) until one answers its health endpoint.
     """
     registry = registry if registry is not None else CollectorRegistry()
-    targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
-    cache_index = shared_cache_index(config)
-    state = RouterState(
-        config=config,
-        targets=targets,
-        policy=build_policy(config, cache_index, time.monotonic),
-        metrics=RouterMetrics(registry),
-        health=HealthTracker(
-            list(dict.fromkeys(t.base_url for t in targets)),  # command-line order
-            config.health_failure_threshold,
-            config.health_success_threshold,
-            initially_healthy=workers_start_healthy,
-        ),
-        cache_index=cache_index,
-    )
+    state = build_state(config, registry, workers_start_healthy=workers_start_healthy)
     # Outermost first: JSON errors, then refuse split headers, unknown callers, work while draining, slow or
     # oversize bodies.
     edge = [
@@ -219,9 +201,8 @@ def build_app(
     app = web.Application(client_max_size=config.max_payload_size, middlewares=edge)
     app[STATE_KEY] = state
     app[PROXY_KEY] = _proxy(config, state)
-    for target in targets:
+    for target in state.targets:
         state.metrics.cb_state.labels(target.id).set(0)
-    state.metrics.active_workers.set_function(lambda: len({t.base_url for t in state.candidates}))
     install_request_ids(app, config.request_id_headers)
     install_cors(app, config.cors_allowed_origins)
     app[REGISTRY_KEY] = registry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -16,12 +17,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
-from progrouter.routing.policies import RoutingPolicy
+from progrouter.routing.policies import RoutingPolicy, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target, expand_targets
 from progrouter.server.gate import ProgramGate
 from progrouter.server.health import HealthChecker, HealthTracker
 from progrouter.server.metrics import RouterMetrics
+from progrouter.server.prefix_index import shared_cache_index
 
 log = logging.getLogger("progrouter.router")
 
@@ -109,6 +111,30 @@ class RouterState:
         self.active_requests -= 1
         if self.active_requests == 0:
             self.idle.set()
+
+
+def build_state(
+    config: RouterConfig, registry: CollectorRegistry, *, workers_start_healthy: bool
+) -> RouterState:
+    """A router's state from its config (every shell builds it so): the worker set in command-line order,
+    the native policy, the shared prefix index and the metrics; the gate, session and checker come later."""
+    targets = expand_targets(config.worker_urls, config.intra_node_data_parallel_size)
+    cache_index = shared_cache_index(config)
+    state = RouterState(
+        config=config,
+        targets=targets,
+        policy=build_policy(config, cache_index, time.monotonic),
+        metrics=RouterMetrics(registry),
+        health=HealthTracker(
+            list(dict.fromkeys(t.base_url for t in targets)),  # command-line order
+            config.health_failure_threshold,
+            config.health_success_threshold,
+            initially_healthy=workers_start_healthy,
+        ),
+        cache_index=cache_index,
+    )
+    state.metrics.active_workers.set_function(lambda: len({t.base_url for t in state.candidates}))
+    return state
 
 
 STATE_KEY = web.AppKey("progrouter_state", RouterState)
