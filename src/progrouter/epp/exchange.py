@@ -103,10 +103,10 @@ class Exchange:
         if ticket is not None and message.body:
             if self._sse:
                 ticket.observe_sse(message.body)
-            elif self._json is not None:
-                self._json = None if len(self._json) + len(message.body) > self._limit else self._json
-                if self._json is not None:
-                    self._json += message.body
+            elif self._json is not None and len(self._json) + len(message.body) <= self._limit:
+                self._json += message.body
+            else:
+                self._json = None  # too large to read: the request completes without usage
         if message.end_of_stream:
             self._end()
         return proceed("response_body")
