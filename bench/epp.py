@@ -231,7 +231,12 @@ def summarize(runs: list[list[Row]]) -> None:
         present = [v for v in values if v is not None]
         return format(statistics.median(present), spec) if present else "-"
 
-    direct = {r.stream: r.p50_ms for run in runs for r in run if r.arm == "direct"}
+    direct = {
+        stream: statistics.median(
+            r.p50_ms for run in runs for r in run if (r.arm, r.stream) == ("direct", stream)
+        )
+        for stream in (False, True)
+    }
     header = (
         f"{'arm':>10} {'load':>6} | {'p50 ms':>7} {'added p50':>9} | {'req/s@64':>8}"
         f" | {'router CPU µs/req':>17} {'Envoy CPU µs/req':>16}"
