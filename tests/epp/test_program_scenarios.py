@@ -307,3 +307,19 @@ async def test_a_program_on_a_dp_rank_gets_the_rank_header(
     # Each Rank's engine core served exactly the Programs the EPP placed on it (X-data-parallel-rank).
     assert {dp: engine.server.cores[dp].stats.prompt_tokens for dp in expected} == expected
     assert all(expected.values())
+
+
+async def test_envoys_route_timeout_completes_the_request_as_failed(
+    make_engine: EngineFactory, make_stack: StackFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine()
+    # The bootstrap's route timeout is --request-timeout-secs: Envoy gives up on a stalled worker after 1 s.
+    stack = await make_stack([engine.url], program_config(), request_timeout_secs=1.0)
+    engine.server.set_fault(0, "stall")
+    async with client.post(stack.url + CHAT, json=program_body("prog-t", words("t", 100))) as response:
+        assert response.status == 504
+    d = await wait_until(
+        lambda: diagnostics(client, stack), lambda d: rank(d)["router_in_flight_requests"] == 0
+    )
+    assert rank(d)["router_estimated_used_tokens"] == 0
+    engine.server.set_fault(0, "none")
