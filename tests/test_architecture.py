@@ -90,19 +90,25 @@ def test_the_edge_stands_alone(name: str) -> None:
         )
 
 
+def _loaded_after_importing(modules: list[str], watched: tuple[str, ...]) -> str:
+    """Which of ``watched`` a fresh interpreter has loaded after importing ``modules`` (a printed list)."""
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {watched!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return out.strip()
+
+
 def test_the_simulator_imports_only_cores_and_pure_helpers() -> None:
     modules = sorted(
         f"progrouter.sim.{p.stem}"
         for p in (SRC / "sim").glob("*.py")
         if p.name not in ("cli.py", "__init__.py")
     )
-    probe = (
-        "import importlib, sys\n"
-        f"for name in ['progrouter.sim', *{modules!r}]: importlib.import_module(name)\n"
-        f"print(sorted(m for m in {SIMULATOR_NEVER_LOADS!r} if m in sys.modules))"
-    )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "[]", f"the simulator loads {loaded.strip()}"
+    loaded = _loaded_after_importing(["progrouter.sim", *modules], SIMULATOR_NEVER_LOADS)
+    assert loaded == "[]", f"the simulator loads {loaded}"
 
 
 def test_the_simulator_probe_sees_a_shell() -> None:
@@ -133,13 +139,8 @@ def test_the_epp_never_loads_the_proxy() -> None:
         f"progrouter.epp.{p.stem}" for p in (SRC / "epp").glob("*.py") if p.name != "__init__.py"
     )
     assert modules
-    probe = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}: importlib.import_module(name)\n"
-        f"print(sorted(m for m in {EPP_NEVER_LOADS!r} if m in sys.modules))"
-    )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "[]", f"the EPP loads {loaded.strip()}"
+    loaded = _loaded_after_importing(modules, EPP_NEVER_LOADS)
+    assert loaded == "[]", f"the EPP loads {loaded}"
 
 
 def test_the_epp_probe_sees_the_proxy_when_it_is_loaded() -> None:
