@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.server.circuit_breaker import Breakers, BreakerState, CircuitBreaker
+from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState, CircuitBreaker
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory
@@ -16,14 +16,8 @@ from .test_program_path import _diagnostics, _in_flight, _program_body
 
 
 def _breaker(seen: list[tuple[str, str]]) -> CircuitBreaker:
-    return CircuitBreaker(
-        "w",
-        failure_threshold=3,
-        success_threshold=2,
-        timeout=10.0,
-        window=5.0,
-        on_transition=lambda _w, a, b: seen.append((a.label, b.label)),
-    )
+    settings = BreakerSettings(failure_threshold=3, success_threshold=2, timeout=10.0, window=5.0)
+    return CircuitBreaker("w", settings, lambda _w, a, b: seen.append((a.label, b.label)))
 
 
 def test_closed_open_half_open_closed() -> None:
@@ -67,7 +61,7 @@ def test_failures_further_apart_than_the_window_do_not_add_up() -> None:
 
 
 def test_disabled_breakers_always_allow() -> None:
-    breakers = Breakers(enabled=False, failure_threshold=1, success_threshold=1, timeout=60, window=60)
+    breakers = Breakers(BreakerSettings(1, 1, timeout=60, window=60), enabled=False)
     for t in range(5):
         breakers.record("w", False, float(t))
     assert breakers.allows("w", 5.0)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import RouterConfig
 from progrouter.server.admin import add_admin_routes
 from progrouter.server.auth import AccessPolicy, access_control
-from progrouter.server.circuit_breaker import Breakers, BreakerState
+from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState
 from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
 from progrouter.server.dashboard import install_dashboard
@@ -168,12 +168,7 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
             asyncio.get_running_loop().call_later(config.cb_timeout_duration_secs, offer_program_targets)
 
     breakers = Breakers(
-        enabled=config.circuit_breaker_enabled,
-        failure_threshold=config.cb_failure_threshold,
-        success_threshold=config.cb_success_threshold,
-        timeout=config.cb_timeout_duration_secs,
-        window=config.cb_window_duration_secs,
-        on_transition=transition,
+        BreakerSettings.from_config(config), enabled=config.circuit_breaker_enabled, on_transition=transition
     )
     proxy = Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config))
     return proxy

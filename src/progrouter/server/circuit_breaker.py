@@ -13,7 +13,12 @@ are further apart than the window (120 s by default).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from progrouter.config import RouterConfig
 
 
 class BreakerState(IntEnum):
@@ -31,6 +36,25 @@ class BreakerState(IntEnum):
 Transition = Callable[[str, BreakerState, BreakerState], None]
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    """What every breaker of a router shares (``--cb-*``)."""
+
+    failure_threshold: int
+    success_threshold: int
+    timeout: float  # seconds open before half-open
+    window: float  # seconds within which consecutive failures add up
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> BreakerSettings:
+        return cls(
+            config.cb_failure_threshold,
+            config.cb_success_threshold,
+            config.cb_timeout_duration_secs,
+            config.cb_window_duration_secs,
+        )
+
+
 class CircuitBreaker:
     __slots__ = (
         "_failures",
@@ -38,29 +62,16 @@ class CircuitBreaker:
         "_on_transition",
         "_opened_at",
         "_successes",
-        "failure_threshold",
+        "settings",
         "state",
-        "success_threshold",
-        "timeout",
-        "window",
         "worker",
     )
 
     def __init__(
-        self,
-        worker: str,
-        *,
-        failure_threshold: int,
-        success_threshold: int,
-        timeout: float,
-        window: float,
-        on_transition: Transition | None = None,
+        self, worker: str, settings: BreakerSettings, on_transition: Transition | None = None
     ) -> None:
         self.worker = worker
-        self.failure_threshold = failure_threshold
-        self.success_threshold = success_threshold
-        self.timeout = timeout
-        self.window = window
+        self.settings = settings
         self.state = BreakerState.CLOSED
         self._failures = 0
         self._successes = 0
@@ -70,7 +81,7 @@ class CircuitBreaker:
 
     def allows(self, now: float) -> bool:
         """Whether a request may go to the worker now (an open breaker turns half-open after its timeout)."""
-        if self.state is BreakerState.OPEN and now - self._opened_at >= self.timeout:
+        if self.state is BreakerState.OPEN and now - self._opened_at >= self.settings.timeout:
             self._move(BreakerState.HALF_OPEN, now)
         return self.state is not BreakerState.OPEN
 
@@ -79,18 +90,18 @@ class CircuitBreaker:
         if success:
             self._failures = 0
             self._successes += 1
-            if self.state is BreakerState.HALF_OPEN and self._successes >= self.success_threshold:
+            if self.state is BreakerState.HALF_OPEN and self._successes >= self.settings.success_threshold:
                 self._move(BreakerState.CLOSED, now)
             return
         self._successes = 0
         if self.state is BreakerState.HALF_OPEN:
             self._move(BreakerState.OPEN, now)
             return
-        if self._failures and now - self._last_failure > self.window:
+        if self._failures and now - self._last_failure > self.settings.window:
             self._failures = 0  # the previous failures are too old to count together with this one
         self._failures += 1
         self._last_failure = now
-        if self.state is BreakerState.CLOSED and self._failures >= self.failure_threshold:
+        if self.state is BreakerState.CLOSED and self._failures >= self.settings.failure_threshold:
             self._move(BreakerState.OPEN, now)
 
     def _move(self, to: BreakerState, now: float) -> None:
@@ -107,31 +118,18 @@ class Breakers:
     """One breaker per target id, created on first use; reports states and transitions to ``metrics``."""
 
     def __init__(
-        self,
-        *,
-        enabled: bool,
-        failure_threshold: int,
-        success_threshold: int,
-        timeout: float,
-        window: float,
-        on_transition: Transition | None = None,
+        self, settings: BreakerSettings, *, enabled: bool, on_transition: Transition | None = None
     ) -> None:
         self.enabled = enabled
-        self._settings = (failure_threshold, success_threshold, timeout, window)
+        self._settings = settings
         self._on_transition = on_transition
         self._by_target: dict[str, CircuitBreaker] = {}
 
     def get(self, target_id: str) -> CircuitBreaker:
         breaker = self._by_target.get(target_id)
         if breaker is None:
-            failures, successes, timeout, window = self._settings
             breaker = self._by_target[target_id] = CircuitBreaker(
-                target_id,
-                failure_threshold=failures,
-                success_threshold=successes,
-                timeout=timeout,
-                window=window,
-                on_transition=self._on_transition,
+                target_id, self._settings, self._on_transition
             )
         return breaker
 
