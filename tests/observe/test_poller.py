@@ -16,6 +16,7 @@ from progrouter.observe.poller import FAILED_MESSAGE, RECOVERED_MESSAGE, Metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target
 from support.loopback import serve_app
+from support.redirect import redirect_to_canary
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -172,3 +173,10 @@ async def test_loop_fetches_nothing_without_targets_then_brackets_each_scrape(
     # begin ran before the GET, apply after it, with the epoch begin returned.
     assert calls[0] == ("begin", 0)
     assert calls[1] == ("apply", (1, 1, sorted(t.id for t in ranks(worker))))
+
+
+async def test_a_redirect_is_a_failed_scrape_never_followed(session: aiohttp.ClientSession) -> None:
+    async with redirect_to_canary() as redirect:
+        targets = [Target.parse(f"{redirect.worker_url}@0")]
+        assert await MetricsScraper(session, api_key="sekrit").scrape(targets) == {}
+        assert redirect.canary_hits == 0

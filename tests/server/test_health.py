@@ -1,4 +1,7 @@
-from progrouter.server.health import HealthTracker
+import aiohttp
+
+from progrouter.server.health import HealthChecker, HealthTracker
+from support.redirect import redirect_to_canary
 
 
 def test_state_flips_only_after_consecutive_results() -> None:
@@ -13,3 +16,19 @@ def test_state_flips_only_after_consecutive_results() -> None:
     assert tracker.record(a, False) is False  # resets the success streak
     assert [tracker.record(a, True) for _ in range(2)] == [False, True]
     assert tracker.unhealthy() == [] and tracker.healthy["http://b:1"]
+
+
+async def test_a_redirect_fails_the_health_check_and_is_never_followed() -> None:
+    async with redirect_to_canary() as redirect, aiohttp.ClientSession() as session:
+        tracker = HealthTracker([redirect.worker_url], failure_threshold=1, success_threshold=1)
+        checker = HealthChecker(
+            tracker,
+            session,
+            endpoint="/health",
+            interval=1.0,
+            timeout=5.0,
+            headers={},
+            on_change=lambda: None,
+        )
+        assert await checker.probe(redirect.worker_url) is False
+        assert redirect.canary_hits == 0

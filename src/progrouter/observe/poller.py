@@ -60,7 +60,11 @@ class MetricsScraper:
     async def _scrape_worker(self, base_url: str, targets: Sequence[Target]) -> dict[str, BackendObservation]:
         url = base_url.rstrip("/") + "/metrics"
         try:
-            async with self._session.get(url, headers=self._headers, timeout=self._timeout) as response:
+            # A redirect is a failed scrape, never followed: the bearer key goes to configured workers only.
+            request = self._session.get(
+                url, headers=self._headers, timeout=self._timeout, allow_redirects=False
+            )
+            async with request as response:
                 if not 200 <= response.status < 300:
                     raise _ScrapeError(f"HTTP {response.status}")
                 text = await response.text()

@@ -83,10 +83,13 @@ class HealthChecker:
         self._on_change = on_change
 
     async def probe(self, worker: str) -> bool:
-        """One check of ``worker``: True when its health endpoint answers 200 in time."""
+        """One check of ``worker``: True when its health endpoint answers 200 in time.
+
+        A redirect is a failed check, never followed: the router contacts configured workers only.
+        """
         try:
             async with self._session.get(
-                worker + self._endpoint, headers=self._headers, timeout=self._timeout
+                worker + self._endpoint, headers=self._headers, timeout=self._timeout, allow_redirects=False
             ) as resp:
                 await resp.read()
                 return resp.status == 200
