@@ -15,20 +15,16 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.server.admin import add_admin_routes
-from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState
-from progrouter.server.connection import read_body
 from progrouter.server.cors import install_cors
 from progrouter.server.dashboard import install_dashboard
-from progrouter.server.drain import drain_middleware
-from progrouter.server.errors import json_error, json_errors, json_response
+from progrouter.server.edge import install_edge
+from progrouter.server.errors import json_error, json_response
 from progrouter.server.gate import build_program_gate
-from progrouter.server.headers import header_hygiene
 from progrouter.server.health import HealthChecker
 from progrouter.server.limiter import InboundLimiter
 from progrouter.server.prefix_index import evict_periodically
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
-from progrouter.server.request_id import install_request_ids
 from progrouter.server.retry import RetryPolicy
 from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState, build_state
 from progrouter.server.status import add_status_routes
@@ -184,21 +180,12 @@ def build_app(
     """
     registry = registry if registry is not None else CollectorRegistry()
     state = build_state(config, registry, workers_start_healthy=workers_start_healthy)
-    # Outermost first: JSON errors, then refuse split headers, unknown callers, work while draining, slow or
-    # oversize bodies.
-    edge = [
-        json_errors,
-        header_hygiene,
-        access_control(AccessPolicy.from_config(config)),
-        drain_middleware,
-        read_body(config),
-    ]
-    app = web.Application(client_max_size=config.max_payload_size, middlewares=edge)
+    app = web.Application(client_max_size=config.max_payload_size)
     app[STATE_KEY] = state
     app[PROXY_KEY] = _proxy(config, state)
     for target in state.targets:
         state.metrics.cb_state.labels(target.id).set(0)
-    install_request_ids(app, config.request_id_headers)
+    install_edge(app, config)
     install_cors(app, config.cors_allowed_origins)
     app[REGISTRY_KEY] = registry
     app[CONFIG_KEY] = config

@@ -131,23 +131,31 @@ def _unauthorized(message: str) -> web.Response:
     return response
 
 
+def screen(policy: AccessPolicy, request: web.Request) -> web.Request | web.Response:
+    """The request with the ``Authorization`` a worker should see, or the refusal of its caller."""
+    access = route_access(request.method, request.path, request.headers)
+    refused = policy.refusal(access, request.headers.get("Authorization"))
+    if refused is not None:
+        if request.body_exists:  # unread: end the connection rather than drain what it may still send
+            refused.force_close()
+        return refused
+    if policy.authenticates and access is not Access.OPEN:
+        headers = CIMultiDict(request.headers)
+        headers.popall("Authorization", None)
+        if policy.worker_authorization is not None:
+            headers["Authorization"] = policy.worker_authorization
+        return request.clone(headers=headers)
+    return request
+
+
 def access_control(policy: AccessPolicy) -> Middleware:
-    """The middleware that refuses unauthenticated callers and sets the ``Authorization`` a worker sees."""
+    """``screen`` as a middleware (the Prometheus listener's; the router's edge calls it directly)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        access = route_access(request.method, request.path, request.headers)
-        refused = policy.refusal(access, request.headers.get("Authorization"))
-        if refused is not None:
-            if request.body_exists:  # unread: end the connection rather than drain what it may still send
-                refused.force_close()
-            return refused
-        if policy.authenticates and access is not Access.OPEN:
-            headers = CIMultiDict(request.headers)
-            headers.popall("Authorization", None)
-            if policy.worker_authorization is not None:
-                headers["Authorization"] = policy.worker_authorization
-            request = request.clone(headers=headers)
-        return await handler(request)
+        screened = screen(policy, request)
+        if isinstance(screened, web.Response):
+            return screened
+        return await handler(screened)
 
     return middleware

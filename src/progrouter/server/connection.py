@@ -7,7 +7,7 @@ text. The minimum on top, per connection:
 
 - **head deadline** (``client_header_timeout_secs``): from the first byte of a request head until the head is
   complete; past it the client gets 408 and the connection is closed (a head trickled a byte at a time);
-- **body deadline** (``client_body_timeout_secs``): reading the whole body, in ``read_body``; past it 408 and
+- **body deadline** (``client_body_timeout_secs``): reading the whole body (``body_reader``); past it 408 and
   close (a body trickled, or a chunked body that never ends);
 - **idle** (``client_keepalive_timeout_secs``): aiohttp's own keep-alive timer closes a connection waiting
   for its next (or first) request;
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +34,6 @@ from aiohttp.http_exceptions import (
     LineTooLong,
     PayloadEncodingError,
 )
-from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
@@ -45,6 +45,7 @@ log = logging.getLogger("progrouter.edge")
 
 _TOO_MANY_HEADERS = "Too many headers received"
 LINGER_SECS = 2.0
+TIMER_SLACK = 0.001  # a loop timer may fire this much early (millisecond resolution); the deadline has passed
 BAD_FRAMING = "the request body does not match its Content-Length or Transfer-Encoding"
 
 
@@ -112,7 +113,8 @@ class GuardedHandler(RequestHandler):
         super().__init__(server, **kwargs)
         self._guard = guard
         self._counted = False
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # armed at or before ``_due``
+        self._due: float | None = None  # loop time of the current deadline
         self._head_started = False
         self._closing = False
         self._unanswered = 0  # request heads parsed whose responses are not finished
@@ -131,7 +133,10 @@ class GuardedHandler(RequestHandler):
         if self._counted:
             self._counted = False
             self._guard.open -= 1
-        self._set_deadline(None)
+        self._due = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -185,12 +190,27 @@ class GuardedHandler(RequestHandler):
         self._set_deadline(self._guard.keepalive_timeout)
 
     def _set_deadline(self, seconds: float | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = None if seconds is None else self._loop.call_later(seconds, self._deadline_passed)
+        """Move the deadline. Lazily: a timer already armed no later than the new deadline stays, and
+        finding the deadline moved on when it fires, re-arms; on a busy keep-alive connection that is one
+        timer per idle period rather than a timer armed and cancelled per request."""
+        if seconds is None:
+            self._due = None
+            return
+        due = self._due = self._loop.time() + seconds
+        if self._deadline is None or self._deadline.when() > due:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self._loop.call_at(due, self._deadline_passed)
 
     def _deadline_passed(self) -> None:
         self._deadline = None
+        due = self._due
+        if due is None:
+            return
+        if self._loop.time() < due - TIMER_SLACK:
+            self._deadline = self._loop.call_at(due, self._deadline_passed)
+            return
+        self._due = None
         if self._unanswered:
             return
         if self._head_started:
@@ -229,30 +249,35 @@ class GuardedSite(web.BaseSite):
         )
 
 
-def read_body(config: RouterConfig) -> Middleware:
-    """The middleware that reads each request body whole within ``client_body_timeout_secs``.
+def body_reader(config: RouterConfig) -> Callable[[web.Request], Awaitable[web.Response | None]]:
+    """What reads each request body whole within ``client_body_timeout_secs``, before the handler runs.
 
     Handlers then get the body from ``request.read()`` at once. Too slow: 408; too large: 413; framing the
-    parser refuses mid-body: 400 — each closes the connection after the bounded lingering read.
+    parser refuses mid-body: 400 — each closes the connection after the bounded lingering read. A body that
+    arrived whole with its head (the usual case) is taken without arming a timer.
     """
     timeout = config.client_body_timeout_secs
     limit = config.max_payload_size
     too_large = f"request body exceeds the {limit}-byte limit"
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def read_body(request: web.Request) -> web.Response | None:
+        """None when the body (if any) is read; else the refusal."""
         if (request.content_length or 0) > limit:  # refused on its declared length, before reading any of it
             return json_error(413, too_large, close=True)
-        if request.body_exists:
-            try:
+        if not request.body_exists:
+            return None
+        try:
+            if request.content.is_eof():
+                await request.read()  # all buffered: returns without waiting
+            else:
                 async with asyncio.timeout(timeout):
                     await request.read()
-            except TimeoutError:
-                return json_error(408, f"the request body was not complete within {timeout:g} s", close=True)
-            except web.HTTPRequestEntityTooLarge:
-                return json_error(413, too_large, close=True)
-            except RequestPayloadError:
-                return json_error(400, BAD_FRAMING, close=True)
-        return await handler(request)
+        except TimeoutError:
+            return json_error(408, f"the request body was not complete within {timeout:g} s", close=True)
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(413, too_large, close=True)
+        except RequestPayloadError:
+            return json_error(400, BAD_FRAMING, close=True)
+        return None
 
-    return middleware
+    return read_body

@@ -3,21 +3,23 @@
 Once draining, ``/readiness`` says 503 (so a load balancer stops sending), every new request is answered 503
 with ``Retry-After`` (it is safe to send again, to another replica), Program requests still waiting in the
 RequestPool get the same retryable 503, and requests already forwarded (streams included) may finish until
-``drain_timeout_secs``. The middleware counts requests in progress so the drain knows when none is left.
+``drain_timeout_secs``. The edge (``edge.py``) counts requests in progress so the drain knows when none is
+left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from progrouter.server.errors import json_error
-from progrouter.server.state import STATE_KEY, RouterState
+from progrouter.server.state import RouterState
 
 log = logging.getLogger("progrouter.router")
+R = TypeVar("R", bound=web.StreamResponse)
 
 # Answered by the router itself, from memory, also while draining (an operator watches the drain with them).
 INTROSPECTION = frozenset(
@@ -34,25 +36,28 @@ INTROSPECTION = frozenset(
 RETRY_AFTER_SECONDS = "1"
 
 
-@web.middleware
-async def drain_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse new requests while draining; count the ones in progress."""
-    if request.method == "GET" and request.path in INTROSPECTION:
-        return await handler(request)
-    state = request.app[STATE_KEY]
-    if state.draining:
-        return _retryable(json_error(503, "the router is shutting down; retry the request"))
-    state.request_started()
-    try:
-        response = await handler(request)
-    finally:
-        state.request_finished()
+def exempt(request: web.BaseRequest) -> bool:
+    """Answered from memory and never refused by the drain (nor counted by it)."""
+    return request.method == "GET" and request.path in INTROSPECTION
+
+
+def refusal(state: RouterState) -> web.Response | None:
+    """The retryable 503 while draining (None: the request may start; the edge then counts it)."""
+    return (
+        _retryable(json_error(503, "the router is shutting down; retry the request"))
+        if state.draining
+        else None
+    )
+
+
+def answered(state: RouterState, response: web.StreamResponse) -> web.StreamResponse:
+    """A counted request is done; a 503 answered during the drain says when to retry."""
     if state.draining and response.status == 503 and not response.prepared:
         _retryable(response)
     return response
 
 
-def _retryable(response: web.StreamResponse) -> web.StreamResponse:
+def _retryable(response: R) -> R:
     response.headers.setdefault("Retry-After", RETRY_AFTER_SECONDS)
     return response
 

@@ -1,7 +1,7 @@
 """JSON error bodies in the OpenAI shape, so clients of any worker parse router errors the same way.
 
 Every refusal the router makes uses this shape — handler errors, aiohttp's own ``HTTPException``s (through
-``json_errors``) and the answers the connection guard writes before any request exists (``raw_error``).
+``http_error``) and the answers the connection guard writes before any request exists (``raw_error``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from http import HTTPStatus
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 _TYPES = {
     400: "invalid_request_error",
@@ -58,12 +57,6 @@ def raw_error(status: int, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's ``HTTPException``s (413 from ``read()``, 405, …) answered in the JSON shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return json_error(exc.status, exc.reason, close=True)
+def http_error(exc: web.HTTPException) -> web.Response:
+    """aiohttp's ``HTTPException`` (413 from ``read()``, 405, …) answered in the JSON shape."""
+    return json_error(exc.status, exc.reason, close=True)

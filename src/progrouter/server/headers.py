@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from progrouter.server.errors import json_error
@@ -69,9 +68,7 @@ def header_violation(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None
     return None
 
 
-@web.middleware
-async def header_hygiene(request: web.Request, handler: Handler) -> web.StreamResponse:
+def header_refusal(request: web.BaseRequest) -> web.Response | None:
+    """The 400 for a request whose headers hold CR, LF or NUL (None: let it through)."""
     reason = header_violation(request.raw_headers)
-    if reason is not None:
-        return json_error(400, reason, close=True)
-    return await handler(request)
+    return None if reason is None else json_error(400, reason, close=True)

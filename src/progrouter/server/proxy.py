@@ -456,7 +456,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
 
 async def _proxy(call: _Call) -> web.StreamResponse:
     request, state = call.request, call.state
-    call.raw = await request.read()  # already read whole by the edge (``connection.read_body``): no wait
+    call.raw = await request.read()  # already read whole by the edge (``connection.body_reader``): no wait
 
     body: Mapping[str, Any] | None = None
     json_route = call.route in JSON_ROUTES
