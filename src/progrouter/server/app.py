@@ -96,6 +96,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         timeout=aiohttp.ClientTimeout(total=config.request_timeout_secs),
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding",),
+        # No cookie store: a worker's Set-Cookie is relayed to its client, never replayed to the worker on
+        # other clients' requests (upstream's HTTP client keeps none either); and nothing to match per request.
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
     if config.program_scheduling is not None:
         warning = config.program_scheduling.reference_calibration_warning()

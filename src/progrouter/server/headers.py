@@ -7,8 +7,6 @@ rejects most of these already; this check keeps the guarantee whatever parser (o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -34,9 +32,19 @@ _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
 
-def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
-    value = headers.get("Connection")
-    return frozenset(t.strip().lower() for t in value.split(",")) if value else frozenset()
+def _without(headers: CIMultiDictProxy[str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """A copy of ``headers`` without ``drop`` and without what its ``Connection`` header names.
+
+    Copied whole (in C) and then pruned: cheaper than filtering field by field in Python.
+    """
+    out = CIMultiDict(headers)
+    connection = headers.get("Connection")
+    if connection:
+        drop = drop | {t.strip().lower() for t in connection.split(",")}
+    for name in drop:
+        if name in out:
+            out.popall(name)
+    return out
 
 
 _FORBIDDEN = (b"\r", b"\n", b"\x00")
@@ -47,8 +55,7 @@ def request_headers(incoming: CIMultiDictProxy[str], default_content_type: str |
 
     ``Authorization`` is whatever the access-control middleware left on the request (see ``auth``).
     """
-    drop = _REQUEST_DROP | _connection_tokens(incoming)
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
+    out = _without(incoming, _REQUEST_DROP)
     if default_content_type is not None and "Content-Type" not in out:
         out["Content-Type"] = default_content_type
     return out
@@ -56,8 +63,7 @@ def request_headers(incoming: CIMultiDictProxy[str], default_content_type: str |
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Worker response headers to relay to the client."""
-    drop = _RESPONSE_DROP | _connection_tokens(upstream)
-    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    return _without(upstream, _RESPONSE_DROP)
 
 
 def header_violation(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None:

@@ -14,6 +14,7 @@ are an allow-list, the rest are enums. A registry per app lets several routers s
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -146,6 +147,8 @@ class RouterMetrics:
             r,
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._targets: dict[str, TargetSeries] = {}
+        self._answers: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, cached: ``labels()`` is the slow part of a hot-path update."""
@@ -154,6 +157,19 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return cast(M, found)
+
+    def target(self, target_id: str) -> TargetSeries:
+        """The series every attempt on ``target_id`` updates, bound once."""
+        found = self._targets.get(target_id)
+        if found is None:
+            found = self._targets[target_id] = TargetSeries(
+                self.running_requests.labels(target_id),
+                self.worker_load.labels(target_id),
+                self.processed_requests.labels(target_id),
+                self.cb_outcomes.labels(target_id, "success"),
+                self.cb_outcomes.labels(target_id, "failure"),
+            )
+        return found
 
     def forget_worker(self, worker: str) -> None:
         """A target left the configuration: drop its gauge series, so they do not report stale values
@@ -165,9 +181,27 @@ class RouterMetrics:
                 gauge.remove(worker)
         ids = {id(g) for g in gauges}
         self._children = {k: v for k, v in self._children.items() if not (k[0] in ids and k[1] == (worker,))}
+        self._targets.pop(worker, None)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
         """One answer to a client."""
         self.child(self.answers, target, route, status).inc()
-        self.child(self.answer_duration, target, route).observe(seconds)
-        self.child(self.request_duration, route).observe(seconds)
+        durations = self._answers.get((target, route))
+        if durations is None:
+            durations = self._answers[target, route] = (
+                self.answer_duration.labels(target, route),
+                self.request_duration.labels(route),
+            )
+        for histogram in durations:
+            histogram.observe(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSeries:
+    """One target's per-attempt series (``labels()`` is the slow part of a hot-path update)."""
+
+    running: Gauge
+    load: Gauge
+    processed: Counter
+    cb_success: Counter
+    cb_failure: Counter

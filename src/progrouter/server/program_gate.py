@@ -145,6 +145,7 @@ class ProgramGate:
         self._driver: asyncio.Task[None] | None = None
         self._observation: asyncio.Task[None] | None = None
         self._last_tick = float("-inf")
+        self._wake_at = float("inf")  # when the sleeping driver wakes by itself
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -296,9 +297,17 @@ class ProgramGate:
         self._poke()  # deadlines may have moved
 
     def _poke(self) -> None:
-        """Wake the driver so it recomputes its deadline."""
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
+        """Wake the driver when the scheduler's next deadline now comes before the driver's wake-up.
+
+        A deadline that moved later needs no wake-up: the driver wakes at its old time and recomputes.
+        (Waking it on every arrival and completion cost a task step, a future and a timer each.)
+        """
+        wake = self._wake
+        if wake is None or wake.done():
+            return
+        deadline = self.scheduler.next_deadline()
+        if deadline is not None and self._last_tick < deadline < self._wake_at:
+            wake.set_result(None)
 
     async def _sleep(self, delay: float) -> None:
         """Sleep up to ``delay`` seconds or until poked. (A plain future, not ``wait_for``: on Python 3.11
@@ -327,6 +336,7 @@ class ProgramGate:
                 wake_at = min(wake_at, deadline)
             delay = wake_at - time.monotonic()
             if delay > 0:
+                self._wake_at = wake_at
                 await self._sleep(delay)
             now = time.monotonic()
             if now < wake_at:

@@ -395,12 +395,11 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
             continue
         relayed: _Relayed | None = None
         worker_ok: bool | None = None
-        running = metrics.child(metrics.running_requests, target.id)
-        load = metrics.child(metrics.worker_load, target.id)
-        metrics.child(metrics.processed_requests, target.id).inc()
+        series = metrics.target(target.id)
+        series.processed.inc()
         state.policy.on_start(target)
-        running.inc()
-        load.inc()
+        series.running.inc()
+        series.load.inc()
         try:
             relayed = await _forward(call, target, ticket, may_retry=not final)
             worker_ok = relayed.worker_ok
@@ -417,11 +416,11 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse
         finally:
             if ticket is not None:
                 ticket.finish(relayed is not None and relayed.success)
-            running.dec()
-            load.dec()
+            series.running.dec()
+            series.load.dec()
             state.policy.on_finish(target)
             if worker_ok is not None:
-                metrics.child(metrics.cb_outcomes, target.id, "success" if worker_ok else "failure").inc()
+                (series.cb_success if worker_ok else series.cb_failure).inc()
                 proxy.breakers.record(target.id, worker_ok, time.monotonic())
     assert last is not None
     if isinstance(last, Refused):
