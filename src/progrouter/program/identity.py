@@ -13,9 +13,9 @@ omitted); numbering omitted steps needs per-Program memory and belongs to the sc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -92,26 +92,31 @@ def extract_identity(
     ``model_pool`` is only bounds-checked here, as upstream persists it with the identity.
     Raises ``InvalidIdentity`` for a recognised but malformed identity.
     """
-    enable_key = EnableKey(enable_key)
-    request = body if isinstance(body, Mapping) else None
+    if type(enable_key) is not EnableKey:
+        enable_key = EnableKey(enable_key)
+    request = body if _is_mapping(body) else None
     canonical = _canonical_context(request)
     if canonical is None and enable_key is not EnableKey.AUTO:
         return None  # the native path, decided before any header is looked at
     lowered = _lower_headers(headers)
+
+    def hash_key() -> str:
+        """Asked once an identity is found, as it is built (so it is built once)."""
+        if model_pool is not None:
+            _check_bounds((("model pool", model_pool),))
+        key = _placement_hash_key(headers, lowered, request, raw_body)
+        if _too_long(key, MAX_PLACEMENT_HASH_KEY_BYTES):
+            raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
+        return key
+
     resolved: tuple[ProgramIdentity, RequestHints] | None
     if canonical is not None:
-        resolved = _canonical_identity(canonical, lowered)
+        resolved = _canonical_identity(canonical, lowered, hash_key)
     else:
-        resolved = _agent_hint_identity(request) or _header_identity(lowered)
+        resolved = _agent_hint_identity(request, hash_key) or _header_identity(lowered, hash_key)
     if resolved is None:
         return None
     identity, hints = resolved
-    if model_pool is not None:
-        _check_bounds((("model pool", model_pool),))
-    hash_key = _placement_hash_key(headers, lowered, request, raw_body)
-    if len(hash_key.encode()) > MAX_PLACEMENT_HASH_KEY_BYTES:
-        raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
-    identity = _replace_hash_key(identity, hash_key)
     _check_bounds(
         (
             ("model_pool", model_pool),
@@ -140,7 +145,7 @@ def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] |
     xargs = request.get("vllm_xargs")
     if xargs is None:
         return None
-    if not isinstance(xargs, Mapping):
+    if not _is_mapping(xargs):
         raise InvalidIdentity("vllm_xargs must be an object")
     raw = xargs.get("agentic_context")
     if raw is None:
@@ -154,13 +159,13 @@ def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] |
             raw = orjson.loads(encoded)
         except orjson.JSONDecodeError:
             raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
     return raw
 
 
 def _canonical_identity(
-    context: Mapping[str, Any], headers: Mapping[str, str]
+    context: Mapping[str, Any], headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     framework = _framework_headers(headers)
     explicit_program_id = _string(context, "program_id")
@@ -211,7 +216,7 @@ def _canonical_identity(
     identity = ProgramIdentity(
         program_id=program_id,
         placement_key=placement_key,
-        placement_hash_key=placement_key,
+        placement_hash_key=hash_key(),
         task_id=task_id,
         session_id=session_id,
         agent_id=agent_id,
@@ -234,12 +239,14 @@ def _canonical_identity(
     return identity, hints
 
 
-def _agent_hint_identity(request: Mapping[str, Any] | None) -> tuple[ProgramIdentity, RequestHints] | None:
+def _agent_hint_identity(
+    request: Mapping[str, Any] | None, hash_key: Callable[[], str]
+) -> tuple[ProgramIdentity, RequestHints] | None:
     """Dynamo-style ``agent_hint``: the session is the Program; blocking children must name their parent."""
     raw = request.get("agent_hint") if request is not None else None
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         raise InvalidIdentity("agent_hint must be an object")
     session_id = _string(raw, "session_id")
     if session_id is None:
@@ -257,7 +264,7 @@ def _agent_hint_identity(request: Mapping[str, Any] | None) -> tuple[ProgramIden
     identity = ProgramIdentity(
         program_id=session_id,
         placement_key=session_id,
-        placement_hash_key=session_id,
+        placement_hash_key=hash_key(),
         session_id=session_id,
         parent_program_id=parent,
         blocks_parent=blocks_parent,
@@ -267,7 +274,9 @@ def _agent_hint_identity(request: Mapping[str, Any] | None) -> tuple[ProgramIden
     return identity, RequestHints()
 
 
-def _header_identity(headers: Mapping[str, str]) -> tuple[ProgramIdentity, RequestHints] | None:
+def _header_identity(
+    headers: Mapping[str, str], hash_key: Callable[[], str]
+) -> tuple[ProgramIdentity, RequestHints] | None:
     """Identity from one framework header schema alone (``auto`` only)."""
     framework = _framework_headers(headers)
     session = framework.session
@@ -286,7 +295,7 @@ def _header_identity(headers: Mapping[str, str]) -> tuple[ProgramIdentity, Reque
     identity = ProgramIdentity(
         program_id=program_id,
         placement_key=session,
-        placement_hash_key=session,
+        placement_hash_key=hash_key(),
         task_id=session,
         session_id=session,
         agent_id=actor,
@@ -457,9 +466,15 @@ def _related_program_id(
 
 def _check_bounds(fields: Sequence[tuple[str, str | None]]) -> None:
     for name, value in fields:
-        if value is not None and len(value.encode()) > MAX_IDENTITY_COMPONENT_BYTES:
+        if value is not None and _too_long(value, MAX_IDENTITY_COMPONENT_BYTES):
             raise InvalidIdentity(f"{name} exceeds {MAX_IDENTITY_COMPONENT_BYTES} bytes")
 
 
-def _replace_hash_key(identity: ProgramIdentity, hash_key: str) -> ProgramIdentity:
-    return replace(identity, placement_hash_key=hash_key)
+def _too_long(value: str, limit: int) -> bool:
+    """More than ``limit`` bytes in UTF-8 (encoded only when it could be: a character is at most 4 bytes)."""
+    return len(value) * 4 > limit and len(value.encode()) > limit
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, with the parsed-JSON case (a dict) first: the ABC check is slow."""
+    return type(value) is dict or isinstance(value, Mapping)

@@ -97,7 +97,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding",),
         # No cookie store: a worker's Set-Cookie is relayed to its client, never replayed to the worker on
-        # other clients' requests (upstream's HTTP client keeps none either); and nothing to match per request.
+        # other clients' requests (upstream's HTTP client keeps none either), and nothing to match per
+        # request.
         cookie_jar=aiohttp.DummyCookieJar(),
     )
     if config.program_scheduling is not None:

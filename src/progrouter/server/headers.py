@@ -47,9 +47,6 @@ def _without(headers: CIMultiDictProxy[str], drop: frozenset[str]) -> CIMultiDic
     return out
 
 
-_FORBIDDEN = (b"\r", b"\n", b"\x00")
-
-
 def request_headers(incoming: CIMultiDictProxy[str], default_content_type: str | None) -> CIMultiDict[str]:
     """Client headers to send on to a worker (without the Rank header, which each attempt adds).
 
@@ -69,7 +66,15 @@ def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
 def header_violation(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None:
     """Why these headers are refused (None if they are not); the reason names no header content."""
     for index, (name, value) in enumerate(raw_headers):
-        if any(c in name or c in value for c in _FORBIDDEN):
+        # spelled out rather than any(...) over _FORBIDDEN: this runs for every header of every request
+        if (
+            b"\r" in name
+            or b"\n" in name
+            or b"\0" in name
+            or b"\r" in value
+            or b"\n" in value
+            or b"\0" in value
+        ):
             return f"header #{index + 1} holds a CR, LF or NUL character"
     return None
 

@@ -85,9 +85,13 @@ class InboundLimiter:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def try_take(self) -> bool:
+        """Take a token now if one is free and nobody waits for one (the usual case: no coroutine)."""
+        return not self._waiters and self.bucket.take(self._clock())
+
     async def acquire(self) -> None:
         """Take a token, waiting in the queue if there is room; raises Rejected otherwise."""
-        if not self._waiters and self.bucket.take(self._clock()):
+        if self.try_take():
             return
         if len(self._waiters) >= self.queue_size:
             raise Rejected(429, "queue_full", "too many requests: the router's request queue is full")

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +116,10 @@ class AvailableTargetsGate:
     def set_healthy_targets(self, targets: Sequence[Target]) -> None:
         self._gate.set_healthy_targets(self._proxy.available(targets, time.monotonic()))
 
-    async def acquire(
+    def acquire(
         self, *, route: str, body: Mapping[str, Any] | None, raw_body: bytes, headers: Mapping[str, str]
-    ) -> ProgramTicket | None:
-        return await self._gate.acquire(route=route, body=body, raw_body=raw_body, headers=headers)
+    ) -> Coroutine[Any, Any, ProgramTicket | None]:
+        return self._gate.acquire(route=route, body=body, raw_body=raw_body, headers=headers)
 
     def diagnostics(self, **page: int) -> dict[str, Any]:
         return self._gate.diagnostics(**page)
@@ -437,7 +437,8 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     proxy = request.app[PROXY_KEY]
     call = _Call(request, state, proxy, request.path, b"", CIMultiDict(), time.perf_counter())
     try:
-        await proxy.limiter.acquire()
+        if not proxy.limiter.try_take():
+            await proxy.limiter.acquire()
     except Rejected as rejected:
         state.metrics.inbound_rejections.labels(rejected.reason).inc()
         response = _fail(call, rejected.status, str(rejected), rejected.reason)

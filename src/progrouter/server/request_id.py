@@ -33,9 +33,13 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("progrou
 _KEY = web.RequestKey("progrouter_request_id", str)
 
 
+# Each random byte b becomes _ALPHABET[b % 62], as one C-level translate of the bytes.
+_BYTE_TO_CHAR = bytes(ord(_ALPHABET[b % 62]) for b in range(256))
+
+
 def new_request_id(path: str) -> str:
     """24 random letters and digits (a mapping of OS random bytes: 15x cheaper than ``secrets.choice``)."""
-    return _PREFIXES.get(path, "req-") + "".join([_ALPHABET[b % 62] for b in os.urandom(24)])
+    return _PREFIXES.get(path, "req-") + os.urandom(24).translate(_BYTE_TO_CHAR).decode("ascii")
 
 
 def pick_request_id(headers: Mapping[str, str], names: Sequence[str], path: str) -> str:

@@ -46,13 +46,19 @@ def configure(endpoint: str | None, exporter: Any = None) -> None:
     _tracer = provider.get_tracer("progrouter")
 
 
-@contextlib.contextmanager
-def request_span(route: str, request_id: str | None, headers: Mapping[str, str]) -> Iterator[None]:
+_NO_SPAN = contextlib.nullcontext()
+
+
+def request_span(
+    route: str, request_id: str | None, headers: Mapping[str, str]
+) -> contextlib.AbstractContextManager[None]:
     """The span of one proxied request (current for everything it does), a child of the client's
-    ``traceparent`` when it sent one."""
-    if _tracer is None:
-        yield
-        return
+    ``traceparent`` when it sent one; with tracing off, one shared no-op context."""
+    return _NO_SPAN if _tracer is None else _span(route, request_id, headers)
+
+
+@contextlib.contextmanager
+def _span(route: str, request_id: str | None, headers: Mapping[str, str]) -> Iterator[None]:
     from opentelemetry.propagate import extract
 
     attributes = {"progrouter.route": route, "progrouter.request_id": request_id or ""}
