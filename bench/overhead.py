@@ -242,10 +242,11 @@ def print_profile(path: str, top: int) -> None:
 
 
 def summarize(runs: list[list[Row]]) -> None:
-    """Min and median over the repeats, per router and load."""
+    """Min and median over the repeats, per router and load; "× upstream" is the median of each run's own
+    CPU ratio (a shared machine inflates both routers' figures alike within one run, not across runs)."""
     keys = [(r.router, r.load) for r in runs[0]]
     header = (
-        f"{'router':>10} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6}"
+        f"{'router':>10} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6} {'× upstream':>10}"
         f" | {'added p50 ms min':>16} {'median':>7} | {'req/s@32 max':>12} {'median':>7}"
     )
     print(header)
@@ -255,9 +256,18 @@ def summarize(runs: list[list[Row]]) -> None:
         cpu = [c.cpu_us for c in cells]
         p50 = [c.added_p50_ms for c in cells]
         rps = [c.rps_32 for c in cells]
+        ratios = [
+            mine.cpu_us / theirs.cpu_us
+            for run in runs
+            for mine in run
+            for theirs in run
+            if (mine.router, mine.load) == (router, load)
+            and (theirs.router, theirs.load) == ("upstream", load)
+        ]
+        ratio = f"{statistics.median(ratios):.2f}" if ratios and router != "upstream" else "-"
         print(
             f"{router:>10} {load:>8} | {min(cpu):>14.0f} {statistics.median(cpu):>7.0f}"
-            f" {statistics.median(c.sys_us for c in cells):>6.0f}"
+            f" {statistics.median(c.sys_us for c in cells):>6.0f} {ratio:>10}"
             f" | {min(p50):>16.3f} {statistics.median(p50):>7.3f}"
             f" | {max(rps):>12.0f} {statistics.median(rps):>7.0f}"
         )
