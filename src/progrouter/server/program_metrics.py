@@ -220,7 +220,7 @@ class PrometheusObserver:
         values = self._resolve(name, "histogram", labels)
         if values is not None:
             metric = self._metrics[name]
-            if isinstance(metric, QuantileSummary):
+            if type(metric) is QuantileSummary:  # not isinstance: a Protocol subclass, slow to check
                 metric.observe(values, value)
             else:
                 assert isinstance(metric, Histogram)

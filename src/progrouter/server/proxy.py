@@ -168,7 +168,7 @@ class _Call:
     started: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is several times slower
 class _Relayed:
     response: web.StreamResponse
     success: bool  # a 2xx relayed in full
