@@ -90,6 +90,21 @@ def test_the_edge_stands_alone(name: str) -> None:
         )
 
 
+# The router's one edge middleware (edge.py) orders those rules plus the two that read the router's state (the
+# drain) or stamp the request (its id); nothing from routing, Program scheduling or the proxy.
+EDGE_MIDDLEWARE_IMPORTS = {f"progrouter.server.{name[:-3]}" for name in EDGE} | {
+    "progrouter.config",
+    "progrouter.server.drain",
+    "progrouter.server.request_id",
+    "progrouter.server.state",
+}
+
+
+def test_the_edge_middleware_composes_edge_rules_only() -> None:
+    imported = {name for name in _imports(SRC / "server" / "edge.py") if name.startswith("progrouter")}
+    assert imported <= EDGE_MIDDLEWARE_IMPORTS, sorted(imported - EDGE_MIDDLEWARE_IMPORTS)
+
+
 def _loaded_after_importing(modules: list[str], watched: tuple[str, ...]) -> str:
     """Which of ``watched`` a fresh interpreter has loaded after importing ``modules`` (a printed list)."""
     probe = (

@@ -36,12 +36,12 @@ INTROSPECTION = frozenset(
 RETRY_AFTER_SECONDS = "1"
 
 
-def exempt(request: web.BaseRequest) -> bool:
+def drain_exempt(request: web.BaseRequest) -> bool:
     """Answered from memory and never refused by the drain (nor counted by it)."""
     return request.method == "GET" and request.path in INTROSPECTION
 
 
-def refusal(state: RouterState) -> web.Response | None:
+def drain_refusal(state: RouterState) -> web.Response | None:
     """The retryable 503 while draining (None: the request may start; the edge then counts it)."""
     return (
         _retryable(json_error(503, "the router is shutting down; retry the request"))
@@ -50,7 +50,7 @@ def refusal(state: RouterState) -> web.Response | None:
     )
 
 
-def answered(state: RouterState, response: web.StreamResponse) -> web.StreamResponse:
+def answered_in_drain(state: RouterState, response: web.StreamResponse) -> web.StreamResponse:
     """A counted request is done; a 503 answered during the drain says when to retry."""
     if state.draining and response.status == 503 and not response.prepared:
         _retryable(response)

@@ -18,9 +18,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from progrouter.config import RouterConfig
-from progrouter.server import drain
 from progrouter.server.auth import AccessPolicy, screen
 from progrouter.server.connection import body_reader
+from progrouter.server.drain import answered_in_drain, drain_exempt, drain_refusal
 from progrouter.server.errors import http_error
 from progrouter.server.headers import header_refusal
 from progrouter.server.request_id import REQUEST_ID, install_request_ids
@@ -43,10 +43,10 @@ def install_edge(app: web.Application, config: RouterConfig) -> None:
             screened = screen(access, request)
             if isinstance(screened, web.Response):
                 return screened
-            if drain.exempt(screened):
+            if drain_exempt(screened):
                 return await read_body(screened) or await handler(screened)
             state = screened.app[STATE_KEY]
-            refused = drain.refusal(state)
+            refused = drain_refusal(state)
             if refused is not None:
                 return refused
             state.request_started()
@@ -54,7 +54,7 @@ def install_edge(app: web.Application, config: RouterConfig) -> None:
                 response = await read_body(screened) or await handler(screened)
             finally:
                 state.request_finished()
-            return drain.answered(state, response)
+            return answered_in_drain(state, response)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
