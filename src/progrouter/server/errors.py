@@ -10,6 +10,7 @@ from http import HTTPStatus
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 _TYPES = {
     400: "invalid_request_error",
@@ -60,3 +61,14 @@ def raw_error(status: int, message: str) -> bytes:
 def http_error(exc: web.HTTPException) -> web.Response:
     """aiohttp's ``HTTPException`` (413 from ``read()``, 405, …) answered in the JSON shape."""
     return json_error(exc.status, exc.reason, close=True)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``http_error`` as a middleware (the EPP's app; the router's edge calls it directly)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return http_error(exc)
