@@ -234,8 +234,7 @@ def test_calibration_warning_tracks_partially_given_fields() -> None:
 
 def test_router_config_rules() -> None:
     assert RouterConfig().worker_urls == []  # workers may be added at runtime, as upstream
-    with pytest.raises(ValueError, match="kv_aware"):
-        RouterConfig(policy="kv_aware")
+    assert RouterConfig(policy="kv_aware").policy == "kv_aware"  # no sources: every Rank load-only
     with pytest.raises(ValueError, match="worker_urls"):
         RouterConfig(worker_urls=["localhost:8000"])
     with pytest.raises(ValueError, match="cache_threshold"):
@@ -258,3 +257,32 @@ def test_prometheus_port_rejects_other_words() -> None:
     with pytest.raises(ValueError, match="prometheus_port"):
         RouterConfig.model_validate({"prometheus_port": "later"})
     assert RouterConfig.model_validate({"prometheus_port": "0"}).prometheus_port == 0  # any free port
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"policy": "round_robin"}, "--kv-event-source requires the kv_aware policy"),
+        ({"kv_event_model": None}, "static KV event sources require worker URLs and model identity"),
+        ({"kv_event_source": ["http://b:1=tcp://b:5557"]}, "'http://b:1' is not in --worker-urls"),
+        ({"kv_event_source": ["http://a:1"]}, "expects WORKER_URL=ENDPOINT"),
+        ({"kv_event_source": ["http://a:1=b:5557"]}, "is not a ZMQ endpoint"),
+        ({"kv_event_source": ["http://a:1=tcp://a:1", "http://a:1/=tcp://a:2"]}, "duplicate --kv-event-source"),
+        ({"intra_node_data_parallel_size": 2}, "one endpoint per DP Rank"),
+        ({"kv_event_replay_source": ["http://c:1=tcp://c:1"]}, "requires a matching --kv-event-source"),
+        ({"kv_event_replay_source": ["http://a:1=tcp://a:1,tcp://a:2"]}, "one replay endpoint per event"),
+        ({"router_temperature": -1}, "router_temperature"),
+        ({"kv_aware_session_affinity_ttl_secs": 0}, "kv_aware_session_affinity_ttl_secs"),
+        ({"kv_penalty_disk": 1.5}, "kv_penalty_disk"),
+    ],
+)
+def test_kv_aware_settings_are_checked_as_upstream(fields: dict[str, object], message: str) -> None:
+    good: dict[str, object] = {
+        "worker_urls": ["http://a:1"],
+        "policy": "kv_aware",
+        "kv_event_source": ["http://a:1=tcp://a:5557"],
+        "kv_event_model": "m",
+    }
+    RouterConfig(**good)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        RouterConfig(**{**good, **fields})  # type: ignore[arg-type]

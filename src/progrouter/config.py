@@ -342,7 +342,7 @@ class RouterConfig(_Strict):
     eviction_interval_secs: float = Field(default=120.0, gt=0)
     max_tree_size: int = Field(default=2**25, gt=0)
 
-    # kv_aware (accepted for command-line compatibility; the policy needs KV events)
+    # kv_aware: route on the Ranks' vLLM KV events (docs/kv_events.md)
     router_temperature: float = Field(default=0.0, ge=0.0)
     kv_penalty_host: float = Field(default=0.8, ge=0.0, le=1.0)
     kv_penalty_external: float = Field(default=0.6, ge=0.0, le=1.0)
@@ -352,6 +352,8 @@ class RouterConfig(_Strict):
     kv_event_replay_source: list[str] = Field(default_factory=list)
     kv_event_block_size: int = Field(default=16, gt=0)
     kv_event_model: str | None = None
+    # progrouter's own: the model's tokenizer files, so kv_aware can match text and chat prompts by token
+    tokenizer: str | None = None
 
     # Retries: ``retry_max_retries`` counts attempts in all, as upstream (1 = no retry)
     retry_max_retries: int = Field(default=5, ge=0)
@@ -439,12 +441,29 @@ class RouterConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _policy_available(self) -> RouterConfig:
-        if self.policy is Policy.KV_AWARE:
-            raise ValueError(
-                "policy: kv_aware routes on vLLM KV events, which this version of progrouter does not "
-                "consume yet; use cache_aware (prefix matching on request text) until it does"
-            )
+    def _kv_aware_settings(self) -> RouterConfig:
+        """Upstream's rules for kv_aware and its event sources, so a command line means the same."""
+        if self.policy is not Policy.KV_AWARE:
+            if self.kv_event_source or self.kv_event_replay_source:
+                raise ValueError("--kv-event-source requires the kv_aware policy")
+            return self
+        sources = parse_kv_sources(self.kv_event_source, "kv_event_source")
+        replays = parse_kv_sources(self.kv_event_replay_source, "kv_event_replay_source")
+        if sources and not self.kv_event_model:
+            raise ValueError("static KV event sources require worker URLs and model identity (--kv-event-model)")
+        for url, endpoints in sources.items():
+            if url not in self.worker_urls:
+                raise ValueError(f"static KV event source worker {url!r} is not in --worker-urls")
+            if len(endpoints) != self.intra_node_data_parallel_size:
+                raise ValueError(
+                    f"kv_event_source {url!r}: one endpoint per DP Rank, in Rank order "
+                    f"({self.intra_node_data_parallel_size} expected, {len(endpoints)} given)"
+                )
+        for url, endpoints in replays.items():
+            if url not in sources:
+                raise ValueError("--kv-event-replay-source requires a matching --kv-event-source")
+            if len(endpoints) != len(sources[url]):
+                raise ValueError(f"kv_event_replay_source {url!r}: one replay endpoint per event endpoint")
         return self
 
     @property
@@ -455,6 +474,25 @@ class RouterConfig(_Strict):
     @property
     def circuit_breaker_enabled(self) -> bool:
         return not self.disable_circuit_breaker
+
+
+def parse_kv_sources(entries: list[str], name: str) -> dict[str, tuple[str, ...]]:
+    """``WORKER_URL=ENDPOINT[,ENDPOINT...]`` entries as worker URL → endpoints (ordered by DP Rank)."""
+    out: dict[str, tuple[str, ...]] = {}
+    flag = name.replace("_", "-")
+    for entry in entries:
+        url, sep, rest = entry.partition("=")
+        url = url.strip().rstrip("/")
+        endpoints = tuple(e.strip() for e in rest.split(","))
+        if not sep or not url or not all(endpoints):
+            raise ValueError(f"--{flag} expects WORKER_URL=ENDPOINT[,ENDPOINT...], got {entry!r}")
+        bad = next((e for e in endpoints if not e.startswith(("tcp://", "ipc://", "inproc://"))), None)
+        if bad is not None:
+            raise ValueError(f"{name}: {bad!r} is not a ZMQ endpoint (tcp://, ipc:// or inproc://)")
+        if url in out:
+            raise ValueError(f"duplicate --{flag} worker URL {url!r}")
+        out[url] = endpoints
+    return out
 
 
 def read_keys_file(path: str) -> list[str]:

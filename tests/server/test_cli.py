@@ -12,6 +12,12 @@ import pytest
 from progrouter.server.cli import add_arguments, config_from_args
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser
+
+
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "progrouter", "serve", *args],
@@ -101,15 +107,33 @@ def test_unsupported_feature_flags_fail_with_one_line_naming_the_flag(args: list
     assert "not supported" in done.stderr
 
 
-def test_kv_aware_is_parsed_and_refused_by_the_config() -> None:
-    done = _serve(
-        "--policy", "kv_aware", "--kv-penalty-host", "0.5", "--kv-event-source", "http://w:1=tcp://w:5557",
-        "--kv-event-block-size", "32", "--router-temperature", "0.1",
-    )  # fmt: skip
+def test_kv_aware_flags_reach_the_config() -> None:
+    args = _parser().parse_args([
+        "--worker-urls", "http://w:1", "--policy", "kv_aware", "--kv-penalty-host", "0.5",
+        "--kv-event-source", "http://w:1=tcp://w:5557", "--kv-event-replay-source", "http://w:1=tcp://w:5567",
+        "--kv-event-block-size", "32", "--kv-event-model", "m", "--router-temperature", "0.1",
+        "--kv-aware-session-affinity-ttl-secs", "60", "--tokenizer", "/models/m",
+    ])  # fmt: skip
+    config = config_from_args(args, environ={})
+    assert (config.policy, config.kv_penalty_host, config.kv_event_block_size) == ("kv_aware", 0.5, 32)
+    assert config.kv_event_source == ["http://w:1=tcp://w:5557"]
+    assert config.kv_event_replay_source == ["http://w:1=tcp://w:5567"]
+    assert (config.router_temperature, config.kv_aware_session_affinity_ttl_secs) == (0.1, 60)
+    assert (config.kv_event_model, config.tokenizer) == ("m", "/models/m")
+
+
+def test_kv_aware_misconfiguration_is_one_line() -> None:
+    done = _serve("--policy", "round_robin", "--kv-event-source", "http://w:1=tcp://w:5557")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
-    assert "policy: kv_aware routes on vLLM KV events" in done.stderr
-    assert "usage:" not in done.stderr
+    assert "--kv-event-source requires the kv_aware policy" in done.stderr
+
+
+def test_an_unreadable_tokenizer_ends_startup_with_one_line(tmp_path: pathlib.Path) -> None:
+    done = _serve("--policy", "kv_aware", "--tokenizer", str(tmp_path), "--port", "0", "--prometheus-port", "off")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "holds no tokenizer.json" in done.stderr
 
 
 def test_version_and_help_shows_defaults() -> None:

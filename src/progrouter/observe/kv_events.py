@@ -8,8 +8,11 @@ topic frame, both are read). What replay cannot fill is declared lost: the Rank'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -17,10 +20,13 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from progrouter.config import RouterConfig, parse_kv_sources
 from progrouter.routing.kv_residency import Applied, ResidencyIndex
+from progrouter.routing.target import expand_targets
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_SECONDS = 2.0
+EXPIRE_INTERVAL_SECONDS = 1.0
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
@@ -127,3 +133,63 @@ class KVEventSubscriber:
             log.warning("KV event replay from %s failed: %s", self.source, exc)
         finally:
             dealer.close(linger=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RankSource:
+    """Where one target's (worker URL, DP Rank) events come from; the index knows it by the target id."""
+
+    target_id: str
+    endpoint: str
+    replay_endpoint: str | None
+
+
+def rank_sources(config: RouterConfig) -> list[RankSource]:
+    """``--kv-event-source URL=EP0,EP1,...`` (and the matching replay source) per target, Rank order."""
+    sources = parse_kv_sources(config.kv_event_source, "kv_event_source")
+    replays = parse_kv_sources(config.kv_event_replay_source, "kv_event_replay_source")
+    out = []
+    for target in expand_targets(list(sources), config.intra_node_data_parallel_size):
+        replay = replays.get(target.base_url)
+        out.append(
+            RankSource(target.id, sources[target.base_url][target.rank], replay[target.rank] if replay else None)
+        )
+    return out
+
+
+def kv_events_context(
+    index: ResidencyIndex, config: RouterConfig, registry: CollectorRegistry
+) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+    """An aiohttp ``cleanup_ctx`` entry: subscribers for every configured Rank, and the silence check."""
+
+    @contextlib.asynccontextmanager
+    async def running(_app: Any) -> AsyncIterator[None]:
+        sources = rank_sources(config)
+        if not sources:
+            log.warning("kv_aware: no --kv-event-source, so every Rank is scored on load only")
+        metrics = KVEventMetrics(registry)
+        ctx = zmq.asyncio.Context()
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(
+                KVEventSubscriber(index, s.target_id, s.endpoint, s.replay_endpoint, metrics, ctx).run(),
+                name=f"progrouter-kv-events-{s.target_id}",
+            )
+            for s in sources
+        ]
+        tasks.append(loop.create_task(_expire_silent(index), name="progrouter-kv-events-expire"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ctx.destroy(linger=0)  # also closes the sockets of subscribers cancelled before they ran
+
+    return running
+
+
+async def _expire_silent(index: ResidencyIndex) -> None:
+    while True:
+        await asyncio.sleep(EXPIRE_INTERVAL_SECONDS)
+        index.expire(time.time())

@@ -39,10 +39,14 @@ class RoutingPolicy:
 
     name: str = ""
     needs_body: bool = False  # whether select() reads the parsed body
+    prepares: bool = False  # whether ``prepare`` must be awaited before select()
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
         self.last_decision = ""  # why the last select() chose as it did (cache_aware only), for metrics
+
+    async def prepare(self, request: RoutingRequest) -> None:
+        """Work select() needs that is too slow for the event loop (kv_aware tokenizing a long prompt)."""
 
     def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
         raise NotImplementedError
@@ -276,6 +280,12 @@ def build_policy(
             return PowerOfTwoPolicy()
         case PolicyName.CACHE_AWARE:
             return CacheAwarePolicy(cache_index or cache_index_for(config))
+        case PolicyName.KV_AWARE:
+            from progrouter.routing.kv_aware import build_kv_aware  # it builds on this module's policies
+
+            if clock is None:
+                raise ValueError("kv_aware needs a clock")
+            return build_kv_aware(config, CacheAwarePolicy(cache_index or cache_index_for(config)), clock)
         case PolicyName.STICKY_LEAST_LOADED:
             if clock is None:
                 raise ValueError("sticky_least_loaded needs a clock")

@@ -14,6 +14,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
+from progrouter.observe.kv_events import kv_events_context
+from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.server.admin import add_admin_routes
 from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState
 from progrouter.server.cors import install_cors
@@ -202,4 +204,6 @@ def build_app(
         app.router.add_post(route, handle_post)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     app.cleanup_ctx.append(_lifecycle)
+    if isinstance(state.policy, KvAwarePolicy):  # kv_aware's event subscribers (observe/kv_events.py)
+        app.cleanup_ctx.append(kv_events_context(state.policy, config, registry))
     return app

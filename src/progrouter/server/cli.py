@@ -49,6 +49,33 @@ UNSUPPORTED_FLAGS = {
 }
 
 
+# The policies' knobs: (flag, help, value type); the dest and the default shown come from RouterConfig.
+POLICY_FLAGS: tuple[tuple[str, str, type], ...] = (
+    ("--cache-threshold", "cache_aware: minimum prefix match ratio (0.0-1.0)", float),
+    ("--balance-abs-threshold", "cache_aware balances load when (max - min) > abs AND max > min * rel", int),
+    ("--balance-rel-threshold", "cache_aware: see --balance-abs-threshold", float),
+    ("--eviction-interval-secs", "cache_aware: seconds between prefix-tree evictions", float),
+    ("--max-tree-size", "cache_aware: characters kept per worker, enforced at eviction", int),
+    ("--router-temperature", "kv_aware: softmax temperature (0 selects minimum cost)", float),
+    ("--kv-penalty-host", "kv_aware: host-tier KV transfer credit (0.0-1.0)", float),
+    ("--kv-penalty-external", "kv_aware: external-tier KV transfer credit (0.0-1.0)", float),
+    ("--kv-penalty-disk", "kv_aware: disk-tier KV transfer credit (0.0-1.0)", float),
+    ("--kv-aware-session-affinity-ttl-secs", "kv_aware: session affinity idle TTL (1-31536000)", int),
+    ("--kv-event-block-size", "kv_aware: KV block size of static event sources", int),
+    ("--kv-event-model", "kv_aware: shared model identity of static event sources", str),
+    (
+        "--tokenizer",
+        "kv_aware (progrouter's own): the model's tokenizer files (a directory with tokenizer.json, "
+        "tokenizer_config.json), so text and chat prompts are matched by token; unset: by characters",
+        str,
+    ),
+)
+KV_EVENT_SOURCE_FLAGS = (
+    ("--kv-event-source", "kv_aware: static ZMQ KV event source, one endpoint per DP Rank; repeat per worker"),
+    ("--kv-event-replay-source", "kv_aware: ZMQ replay endpoints matching a worker's event source"),
+)
+
+
 def _default_text(value: Any) -> str:
     if value is None:
         return "None"
@@ -113,35 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--request-timeout-secs", "bound on one request to a worker", type=float)
     # Policy
     a("--policy", "native routing policy for requests without Program identity", choices=_POLICIES)
-    a("--cache-threshold", "cache_aware: minimum prefix match ratio (0.0-1.0)", type=float)
-    a(
-        "--balance-abs-threshold",
-        "cache_aware balances load when (max - min) > abs AND max > min * rel",
-        type=int,
-    )
-    a("--balance-rel-threshold", "cache_aware: see --balance-abs-threshold", type=float)
-    a("--eviction-interval-secs", "cache_aware: seconds between prefix-tree evictions", type=float)
-    a("--max-tree-size", "cache_aware: characters kept per worker, enforced at eviction", type=int)
-    # kv_aware: accepted; the policy itself refuses to start until KV events exist
-    a("--router-temperature", "kv_aware: softmax temperature (0 selects minimum cost)", type=float)
-    a("--kv-penalty-host", "kv_aware: host-tier KV transfer credit (0.0-1.0)", type=float)
-    a("--kv-penalty-external", "kv_aware: external-tier KV transfer credit (0.0-1.0)", type=float)
-    a("--kv-penalty-disk", "kv_aware: disk-tier KV transfer credit (0.0-1.0)", type=float)
-    a("--kv-aware-session-affinity-ttl-secs", "kv_aware: session affinity idle TTL", type=int)
-    a(
-        "--kv-event-source",
-        "kv_aware: static ZMQ KV event source; repeat per worker",
-        action="append",
-        metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]",
-    )
-    a(
-        "--kv-event-replay-source",
-        "kv_aware: ZMQ replay endpoints matching a worker's event source",
-        action="append",
-        metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]",
-    )
-    a("--kv-event-block-size", "kv_aware: KV block size of static event sources", type=int)
-    a("--kv-event-model", "kv_aware: shared model identity of static event sources")
+    for name, help_text, kind in POLICY_FLAGS:
+        a(name, help_text, type=kind)
+    for name, help_text in KV_EVENT_SOURCE_FLAGS:
+        a(name, help_text, action="append", metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]")
     # Retries and circuit breaker
     a("--retry-max-retries", "attempts per request in all (1: no retry)", type=int)
     a("--retry-initial-backoff-ms", "backoff before the first retry", type=int)
@@ -288,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return _event_loop_runner()(serve(config))
+    except ConfigError as exc:  # found while building the router, e.g. an unreadable --tokenizer
+        print(f"progrouter serve: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"progrouter serve: cannot listen: {exc}", file=sys.stderr)
         return 1

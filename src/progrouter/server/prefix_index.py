@@ -17,7 +17,7 @@ log = logging.getLogger("progrouter.router")
 def shared_cache_index(config: RouterConfig) -> CacheAwareIndex | None:
     """One prefix index when native cache_aware routing or Program cache_aware binding uses it."""
     program = config.program_scheduling
-    if config.policy is Policy.CACHE_AWARE or (
+    if config.policy in (Policy.CACHE_AWARE, Policy.KV_AWARE) or (
         program is not None and program.binding_strategy is BindingStrategy.CACHE_AWARE
     ):
         return cache_index_for(config)

@@ -309,6 +309,8 @@ class _Native:
             raise Refused(503, message, "no_available_workers", retryable=True)
         fresh = [t for t in available if t.id not in self.failed and t.base_url not in self.dead_workers]
         policy = state.policy
+        if policy.prepares:
+            await policy.prepare(self.routing)
         target = policy.select(fresh or available, self.routing)
         _record_decision(state.metrics, policy.name, policy.last_decision, target)
         if policy.name == "cache_aware":

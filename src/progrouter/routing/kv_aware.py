@@ -1,0 +1,209 @@
+"""``--policy kv_aware``: each request to the Rank where it costs least, by what the Ranks really hold.
+
+Cost of Rank r for a prompt of n tokens: ``(n − cached_r + block_size) × (1 + in_flight_r)``, where
+``cached_r`` is the tokens of the prompt's leading full blocks resident on r (from r's KV events, see
+``kv_residency``, or routed there in the last ``PENDING_SECONDS`` and not announced yet) and ``in_flight_r``
+the requests this router has in flight there. The uncached prefill is the work the request brings; the load
+scales it (as upstream's multiplicative scorer), so a long cached prefix holds its Rank until that Rank is
+busier by about the ratio of the prefill it saves, and equal prefills (a cold prompt) go by load. The added
+block keeps a fully cached prompt sensitive to load. Temperature 0 takes the cheapest (ties: fewer in
+flight, then candidate order); T > 0 samples ``softmax(−c/T)`` over costs scaled to [0, 1] by their range. With a session affinity TTL, a session (its consistent-hash key) stays on its Rank
+while it is a candidate and has not been idle for the TTL.
+
+A Rank whose events are not heard (``unknown``) gets no cache credit (load-only). When every candidate is
+unknown, or the prompt's token ids cannot be known (a text prompt and no ``--tokenizer``), the request goes
+the old way: ``cache_aware``'s character-level prefix tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from progrouter.config import RouterConfig
+from progrouter.routing.hash_key import body_hash_key, header_hash_key
+from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
+from progrouter.routing.policies import CacheAwarePolicy, RoutingPolicy, RoutingRequest
+from progrouter.routing.target import Target
+from progrouter.routing.tokenize import PromptTokenizer, prompt_token_ids
+
+log = logging.getLogger(__name__)
+PENDING_SECONDS = 2.0  # how long a routed prefix counts as resident before its BlockStored arrives
+MAX_PENDING_BLOCKS = 200_000  # per target
+MAX_AFFINITY_SESSIONS = 100_000
+MEMO_ENTRIES = 64  # prompts tokenized ahead of select() (off the event loop), by request body
+OFFLOAD_BYTES = 16 * 1024  # bodies at least this long are tokenized off the event loop (bench/tokenize.py)
+
+
+@dataclass(frozen=True, slots=True)
+class KvAwareSettings:
+    block_size: int = 16
+    temperature: float = 0.0
+    affinity_ttl: float | None = None
+
+
+class PendingBlocks:
+    """Chain keys routed to each target recently: resident soon, not yet announced (bounded, expiring)."""
+
+    def __init__(self, seconds: float = PENDING_SECONDS, max_blocks: int = MAX_PENDING_BLOCKS) -> None:
+        self.seconds = seconds
+        self.max_blocks = max_blocks
+        self._by_target: dict[str, OrderedDict[int, float]] = {}
+
+    def add(self, target_id: str, keys: Sequence[int], now: float) -> None:
+        held = self._by_target.setdefault(target_id, OrderedDict())
+        until = now + self.seconds
+        for key in keys:
+            held[key] = until
+            held.move_to_end(key)
+        while held and (len(held) > self.max_blocks or next(iter(held.values())) <= now):
+            held.popitem(last=False)
+
+    def match(self, target_id: str, keys: Sequence[int], now: float) -> int:
+        held = self._by_target.get(target_id)
+        n = 0
+        if held:
+            for key in keys:
+                until = held.get(key)
+                if until is None or until <= now:
+                    break
+                n += 1
+        return n
+
+    def forget(self, target_id: str) -> None:
+        self._by_target.pop(target_id, None)
+
+
+class KvAwarePolicy(RoutingPolicy):
+    name = "kv_aware"
+    needs_body = True
+
+    def __init__(
+        self,
+        index: ResidencyIndex,
+        settings: KvAwareSettings,
+        tokenizer: PromptTokenizer | None,
+        fallback: CacheAwarePolicy,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__()
+        self.index = index
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.prepares = tokenizer is not None
+        self.fallback = fallback
+        self.fallback.in_flight = self.in_flight  # one load count, whichever way a request went
+        self.pending = PendingBlocks()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._memo: OrderedDict[bytes, list[int] | None] = OrderedDict()
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, request: RoutingRequest) -> list[int] | None:
+        """The prompt's token ids (from the memo ``prepare`` filled off the event loop, else computed)."""
+        memo = self._memo.get(request.raw_body, False)
+        if memo is not False:
+            return memo
+        return prompt_token_ids(request.body, self.tokenizer)
+
+    async def prepare(self, request: RoutingRequest) -> None:
+        """Tokenize a long text or chat prompt in a worker thread, for select() to find in the memo."""
+        if len(request.raw_body) < OFFLOAD_BYTES or request.raw_body in self._memo:
+            return
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(None, prompt_token_ids, request.body, self.tokenizer)
+        self._memo[request.raw_body] = ids
+        while len(self._memo) > MEMO_ENTRIES:
+            self._memo.popitem(last=False)
+
+    # ------------------------------------------------------------------ choosing
+    def select(self, candidates: Sequence[Target], request: RoutingRequest) -> Target:
+        now = self._clock()
+        session = self._session_key(request)
+        if session is not None:
+            held = self._sessions.get(session)
+            if held is not None and now - held[1] < (self.settings.affinity_ttl or 0.0):
+                target = next((t for t in candidates if t.id == held[0]), None)
+                if target is not None:
+                    self._bind(session, target, now)
+                    self.last_decision = "cache_affinity"
+                    return target
+        ids = self.tokenize(request)
+        keys = chain_keys(ids, self.settings.block_size) if ids else []
+        matched = {t.id: self.index.match(t.id, keys) for t in candidates}
+        if ids is None or all(m is None for m in matched.values()):
+            target = self.fallback.select(candidates, request)
+            self.last_decision = self.fallback.last_decision
+        else:
+            cached = {
+                t.id: max(matched[t.id] or 0, self.pending.match(t.id, keys, now)) for t in candidates
+            }
+            target = self._pick(candidates, len(ids), cached)
+            self.pending.add(target.id, keys[cached[target.id] :], now)
+            self.last_decision = "cache_affinity" if cached[target.id] else "low_match_min_load"
+        if session is not None:
+            self._bind(session, target, now)
+        return target
+
+    def costs(self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]) -> list[float]:
+        """Each candidate's cost: this prompt's uncached prefill there (plus a block), scaled by its load."""
+        block = self.settings.block_size
+        return [
+            float(prompt_tokens - cached[t.id] * block + block) * (1 + self.in_flight.get(t.id, 0))
+            for t in candidates
+        ]
+
+    def _pick(self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]) -> Target:
+        costs = self.costs(candidates, prompt_tokens, cached)
+        if self.settings.temperature <= 0.0 or len(candidates) == 1:
+            best = min(range(len(candidates)), key=lambda i: (costs[i], self.in_flight.get(candidates[i].id, 0)))
+            return candidates[best]
+        low, high = min(costs), max(costs)
+        span = (high - low) or 1.0
+        weights = [math.exp(-(c - low) / span / self.settings.temperature) for c in costs]
+        return self._rng.choices(list(candidates), weights=weights)[0]
+
+    # ------------------------------------------------------------------ load and sessions
+    def on_targets_removed(self, target_ids: Sequence[str]) -> None:
+        self.fallback.on_targets_removed(target_ids)
+        gone = set(target_ids)
+        for tid in gone:
+            self.pending.forget(tid)
+        for key in [k for k, (tid, _) in self._sessions.items() if tid in gone]:
+            del self._sessions[key]
+
+    def _session_key(self, request: RoutingRequest) -> str | None:
+        if self.settings.affinity_ttl is None:
+            return None
+        return header_hash_key(request.headers) or body_hash_key(request.body)
+
+    def _bind(self, session: str, target: Target, now: float) -> None:
+        self._sessions[session] = (target.id, now)
+        self._sessions.move_to_end(session)
+        while len(self._sessions) > MAX_AFFINITY_SESSIONS:
+            self._sessions.popitem(last=False)
+
+
+def build_kv_aware(
+    config: RouterConfig, fallback: CacheAwarePolicy, clock: Callable[[], float]
+) -> KvAwarePolicy:
+    """The policy ``config`` describes, with an empty index (``observe.kv_events`` fills it)."""
+    tokenizer = PromptTokenizer.load(config.tokenizer) if config.tokenizer is not None else None
+    if tokenizer is None:
+        log.warning(
+            "kv_aware: no --tokenizer, so text and chat prompts are routed by characters (as cache_aware); "
+            "token-id prompts are matched against the KV events"
+        )
+    settings = KvAwareSettings(
+        block_size=config.kv_event_block_size,
+        temperature=config.router_temperature,
+        affinity_ttl=config.kv_aware_session_affinity_ttl_secs,
+    )
+    return KvAwarePolicy(ResidencyIndex(), settings, tokenizer, fallback, clock)
