@@ -29,17 +29,44 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 EXPIRE_INTERVAL_SECONDS = 1.0
 
 
+# vLLM >= 0.28 sends each event as a tagged map ({"type": ..., field: ...}); older vLLM (and the emulator)
+# as a tagged array in field order. The index reads the array layout; these are its fields per event type.
+_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+_MEDIUM_AT = {"BlockStored": 6, "BlockRemoved": 2}
+GPU_MEDIA = (None, "GPU")
+
+
+def _as_array(event: Any) -> list[Any]:
+    if isinstance(event, dict):
+        tag = event.get("type")
+        if not isinstance(tag, str):
+            raise ValueError("KV event map has no string 'type'")
+        return [tag, *(event.get(name) for name in _FIELDS.get(tag, ()))]
+    if isinstance(event, list) and event and isinstance(event[0], str):
+        return event
+    raise ValueError("KV event is neither a tagged map nor a tagged array")
+
+
+def _on_gpu(event: list[Any]) -> bool:
+    """Only device-tier blocks are credited: an offloaded (CPU, disk) copy is not a prefix-cache hit here."""
+    at = _MEDIUM_AT.get(event[0])
+    return at is None or len(event) <= at or event[at] in GPU_MEDIA
+
+
 def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
-    """``(ts, events)`` of a KVEventBatch; ValueError if the payload is not one."""
+    """``(ts, events)`` of a KVEventBatch, events in the array layout; ValueError if it is not one."""
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ValueError(f"KV event batch is not msgpack: {exc}") from exc
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
         raise ValueError("KV event batch is not [ts, events, ...]")
-    if not all(isinstance(e, list) and e and isinstance(e[0], str) for e in batch[1]):
-        raise ValueError("KV event is not a tagged array")
-    return float(batch[0]), batch[1]
+    events = [_as_array(e) for e in batch[1]]
+    return float(batch[0]), [e for e in events if _on_gpu(e)]
 
 
 class KVEventMetrics:
