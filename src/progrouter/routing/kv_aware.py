@@ -24,6 +24,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from progrouter.config import RouterConfig
 from progrouter.routing.hash_key import body_hash_key, header_hash_key
@@ -37,7 +38,7 @@ PENDING_SECONDS = 2.0  # how long a routed prefix counts as resident before its 
 MAX_PENDING_BLOCKS = 200_000  # per target
 MAX_AFFINITY_SESSIONS = 100_000
 MEMO_ENTRIES = 64  # prompts tokenized ahead of select() (off the event loop), by request body
-OFFLOAD_BYTES = 16 * 1024  # bodies at least this long are tokenized off the event loop (bench/tokenize.py)
+OFFLOAD_BYTES = 1024  # longer bodies are tokenized and keyed in a worker thread (bench/tokenize_prompt.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ class PendingBlocks:
 class KvAwarePolicy(RoutingPolicy):
     name = "kv_aware"
     needs_body = True
+    prepares = True
 
     def __init__(
         self,
@@ -96,30 +98,33 @@ class KvAwarePolicy(RoutingPolicy):
         self.index = index
         self.settings = settings
         self.tokenizer = tokenizer
-        self.prepares = tokenizer is not None
         self.fallback = fallback
         self.fallback.in_flight = self.in_flight  # one load count, whichever way a request went
         self.pending = PendingBlocks()
         self._clock = clock
         self._rng = rng or random.Random()
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._memo: OrderedDict[bytes, list[int] | None] = OrderedDict()
+        self._memo: OrderedDict[bytes, tuple[int, list[int]] | None] = OrderedDict()
 
     # ------------------------------------------------------------------ tokens
-    def tokenize(self, request: RoutingRequest) -> list[int] | None:
-        """The prompt's token ids (from the memo ``prepare`` filled off the event loop, else computed)."""
+    def prompt_keys(self, request: RoutingRequest) -> tuple[int, list[int]] | None:
+        """(prompt tokens, chain keys of its full blocks), from the memo ``prepare`` filled, else computed;
+        None when the token ids cannot be known."""
         memo = self._memo.get(request.raw_body, False)
         if memo is not False:
             return memo
-        return prompt_token_ids(request.body, self.tokenizer)
+        return self._keys(request.body)
+
+    def _keys(self, body: Mapping[str, Any] | None) -> tuple[int, list[int]] | None:
+        ids = prompt_token_ids(body, self.tokenizer)
+        return None if ids is None else (len(ids), chain_keys(ids, self.settings.block_size))
 
     async def prepare(self, request: RoutingRequest) -> None:
-        """Tokenize a long text or chat prompt in a worker thread, for select() to find in the memo."""
+        """Tokenize and key a long prompt in a worker thread, for select() to find in the memo."""
         if len(request.raw_body) < OFFLOAD_BYTES or request.raw_body in self._memo:
             return
         loop = asyncio.get_running_loop()
-        ids = await loop.run_in_executor(None, prompt_token_ids, request.body, self.tokenizer)
-        self._memo[request.raw_body] = ids
+        self._memo[request.raw_body] = await loop.run_in_executor(None, self._keys, request.body)
         while len(self._memo) > MEMO_ENTRIES:
             self._memo.popitem(last=False)
 
@@ -135,17 +140,17 @@ class KvAwarePolicy(RoutingPolicy):
                     self._bind(session, target, now)
                     self.last_decision = "cache_affinity"
                     return target
-        ids = self.tokenize(request)
-        keys = chain_keys(ids, self.settings.block_size) if ids else []
+        prompt = self.prompt_keys(request)
+        n_tokens, keys = prompt if prompt is not None else (0, [])
         matched = {t.id: self.index.match(t.id, keys) for t in candidates}
-        if ids is None or all(m is None for m in matched.values()):
+        if prompt is None or all(m is None for m in matched.values()):
             target = self.fallback.select(candidates, request)
             self.last_decision = self.fallback.last_decision
         else:
             cached = {
                 t.id: max(matched[t.id] or 0, self.pending.match(t.id, keys, now)) for t in candidates
             }
-            target = self._pick(candidates, len(ids), cached)
+            target = self._pick(candidates, n_tokens, cached)
             self.pending.add(target.id, keys[cached[target.id] :], now)
             self.last_decision = "cache_affinity" if cached[target.id] else "low_match_min_load"
         if session is not None:

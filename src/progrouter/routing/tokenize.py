@@ -92,10 +92,15 @@ class PromptTokenizer:
         special = {k: t for k in _SPECIAL_TOKENS if (t := _token_text(config.get(k))) is not None}
         return cls(tokenizer, template, special)
 
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # encode_batch, not encode: only the batch call releases the GIL, so a long prompt tokenized in a
+        # worker thread does not stall the event loop (encode holds it for the whole call).
+        ids: list[int] = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return ids
+
     def encode_text(self, text: str) -> list[int]:
         """As vLLM's /v1/completions encodes a text prompt (``add_special_tokens`` true)."""
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=True).ids
-        return ids
+        return self._encode(text, True)
 
     def render_chat(self, messages: Sequence[Any], tools: Any = None) -> str:
         """The chat template's text for ``messages`` with the generation prompt; ValueError if it fails."""
@@ -113,8 +118,7 @@ class PromptTokenizer:
 
     def encode_chat(self, messages: Sequence[Any], tools: Any = None) -> list[int]:
         """As vLLM's /v1/chat/completions: the rendered template, encoded without adding special tokens."""
-        ids: list[int] = self._tokenizer.encode(self.render_chat(messages, tools), add_special_tokens=False).ids
-        return ids
+        return self._encode(self.render_chat(messages, tools), False)
 
 
 def _compile_template(source: str) -> Any:
