@@ -32,7 +32,21 @@ from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.tokenize import PromptTokenizer
 
 TINY_LLAMA = Path.home() / ".cache" / "progrouter" / "tiny-llama"
-WORDS = "the quick brown fox jumps over a lazy dog while agents call tools and read files".split()
+WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "agents",
+    "call",
+    "tools",
+)
 
 
 def word_tokenizer(folder: Path) -> Path:
@@ -124,9 +138,8 @@ def main() -> None:
         print(f"{'match on 4 Ranks (one holds all)':34s} CPU {cpu:8.2f} ms   wall {wall:8.2f} ms")
         threshold = text[: OFFLOAD_BYTES - 20]
         cpu, wall = cost_ms(lambda: tok.encode_text(threshold), args.repeat * 20)
-        print(
-            f"{f'a {OFFLOAD_BYTES}-byte body (off-loop threshold)':34s} CPU {cpu:8.3f} ms   wall {wall:8.3f} ms"
-        )
+        label = f"{OFFLOAD_BYTES}-byte body (off-loop threshold)"
+        print(f"{label:34s} CPU {cpu:8.3f} ms   wall {wall:8.3f} ms")
         policy = KvAwarePolicy(
             ResidencyIndex(),
             KvAwareSettings(args.block_size),

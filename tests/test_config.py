@@ -267,7 +267,10 @@ def test_prometheus_port_rejects_other_words() -> None:
         ({"kv_event_source": ["http://b:1=tcp://b:5557"]}, "'http://b:1' is not in --worker-urls"),
         ({"kv_event_source": ["http://a:1"]}, "expects WORKER_URL=ENDPOINT"),
         ({"kv_event_source": ["http://a:1=b:5557"]}, "is not a ZMQ endpoint"),
-        ({"kv_event_source": ["http://a:1=tcp://a:1", "http://a:1/=tcp://a:2"]}, "duplicate --kv-event-source"),
+        (
+            {"kv_event_source": ["http://a:1=tcp://a:1", "http://a:1/=tcp://a:2"]},
+            "duplicate --kv-event-source",
+        ),
         ({"intra_node_data_parallel_size": 2}, "one endpoint per DP Rank"),
         ({"kv_event_replay_source": ["http://c:1=tcp://c:1"]}, "requires a matching --kv-event-source"),
         ({"kv_event_replay_source": ["http://a:1=tcp://a:1,tcp://a:2"]}, "one replay endpoint per event"),

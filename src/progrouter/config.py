@@ -450,7 +450,9 @@ class RouterConfig(_Strict):
         sources = parse_kv_sources(self.kv_event_source, "kv_event_source")
         replays = parse_kv_sources(self.kv_event_replay_source, "kv_event_replay_source")
         if sources and not self.kv_event_model:
-            raise ValueError("static KV event sources require worker URLs and model identity (--kv-event-model)")
+            raise ValueError(
+                "static KV event sources require worker URLs and model identity (--kv-event-model)"
+            )
         for url, endpoints in sources.items():
             if url not in self.worker_urls:
                 raise ValueError(f"static KV event source worker {url!r} is not in --worker-urls")

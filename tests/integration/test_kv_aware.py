@@ -101,14 +101,22 @@ async def test_chat_is_matched_by_the_tokenizer_when_the_engine_tokenizes_the_sa
     await post(engine.url, {"prompt": ids}, {"X-data-parallel-rank": "1"})  # Rank 1 holds those ids
     await until(lambda: policy.index.match(f"{engine.url}@1", chain_keys(ids, BS)) == len(ids) // BS)
     before = served(engine)
-    body = {"model": engine.config.model_name, "max_tokens": 1, "messages": [{"role": "user", "content": words}]}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(router.url + "/v1/chat/completions", json=body) as resp:
-            assert resp.status == 200, await resp.text()
+    body = {
+        "model": engine.config.model_name,
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": words}],
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(router.url + "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
     assert [a - b for a, b in zip(served(engine), before, strict=True)] == [0, 1]
 
 
-async def test_silent_sources_route_the_old_way(make_engine: EngineFactory, make_router: RouterFactory) -> None:
+async def test_silent_sources_route_the_old_way(
+    make_engine: EngineFactory, make_router: RouterFactory
+) -> None:
     cfg = events_config()
     engine = await make_engine(data_parallel_size=2)  # publishes nothing: every Rank stays unknown
     router = await make_router([engine.url], **sources(engine, cfg))

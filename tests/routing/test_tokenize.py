@@ -1,4 +1,4 @@
-"""The router's tokenizer: the model's files, vLLM's rules for text and chat prompts, token ids as they are."""
+"""The router's tokenizer: the model's files, vLLM's rules for text and chat prompts, token ids as is."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_chat_template_jinja_file_wins_and_tojson_works(tmp_path: Path) -> None:
 
 
 def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="holds no tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"holds no tokenizer\.json"):
         PromptTokenizer.load(str(tmp_path))
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot load"):
@@ -70,6 +70,8 @@ def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_a_model_without_template_encodes_text_only(tmp_path: Path) -> None:
-    tok = PromptTokenizer.load(str(write_tiny_tokenizer(tmp_path / "m", chat_template=None) / "tokenizer.json"))
+    tok = PromptTokenizer.load(
+        str(write_tiny_tokenizer(tmp_path / "m", chat_template=None) / "tokenizer.json")
+    )
     assert tok.encode_text("w2") == [BOS_ID, token_id("w2")]
     assert prompt_token_ids({"messages": [{"role": "user", "content": "w1"}]}, tok) is None

@@ -130,7 +130,9 @@ def test_kv_aware_misconfiguration_is_one_line() -> None:
 
 
 def test_an_unreadable_tokenizer_ends_startup_with_one_line(tmp_path: pathlib.Path) -> None:
-    done = _serve("--policy", "kv_aware", "--tokenizer", str(tmp_path), "--port", "0", "--prometheus-port", "off")
+    done = _serve(
+        "--policy", "kv_aware", "--tokenizer", str(tmp_path), "--port", "0", "--prometheus-port", "off"
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
     assert "holds no tokenizer.json" in done.stderr

@@ -179,7 +179,9 @@ def rank_sources(config: RouterConfig) -> list[RankSource]:
     for target in expand_targets(list(sources), config.intra_node_data_parallel_size):
         replay = replays.get(target.base_url)
         out.append(
-            RankSource(target.id, sources[target.base_url][target.rank], replay[target.rank] if replay else None)
+            RankSource(
+                target.id, sources[target.base_url][target.rank], replay[target.rank] if replay else None
+            )
         )
     return out
 

@@ -7,8 +7,9 @@ the requests this router has in flight there. The uncached prefill is the work t
 scales it (as upstream's multiplicative scorer), so a long cached prefix holds its Rank until that Rank is
 busier by about the ratio of the prefill it saves, and equal prefills (a cold prompt) go by load. The added
 block keeps a fully cached prompt sensitive to load. Temperature 0 takes the cheapest (ties: fewer in
-flight, then candidate order); T > 0 samples ``softmax(−c/T)`` over costs scaled to [0, 1] by their range. With a session affinity TTL, a session (its consistent-hash key) stays on its Rank
-while it is a candidate and has not been idle for the TTL.
+flight, then candidate order); T > 0 samples ``softmax(−c/T)`` over costs scaled to [0, 1] by their range.
+With a session affinity TTL, a session (its consistent-hash key) stays on its Rank while it is a candidate
+and has not been idle for the TTL.
 
 A Rank whose events are not heard (``unknown``) gets no cache credit (load-only). When every candidate is
 unknown, or the prompt's token ids cannot be known (a text prompt and no ``--tokenizer``), the request goes
@@ -110,9 +111,8 @@ class KvAwarePolicy(RoutingPolicy):
     def prompt_keys(self, request: RoutingRequest) -> tuple[int, list[int]] | None:
         """(prompt tokens, chain keys of its full blocks), from the memo ``prepare`` filled, else computed;
         None when the token ids cannot be known."""
-        memo = self._memo.get(request.raw_body, False)
-        if memo is not False:
-            return memo
+        if request.raw_body in self._memo:
+            return self._memo[request.raw_body]
         return self._keys(request.body)
 
     def _keys(self, body: Mapping[str, Any] | None) -> tuple[int, list[int]] | None:
@@ -147,9 +147,7 @@ class KvAwarePolicy(RoutingPolicy):
             target = self.fallback.select(candidates, request)
             self.last_decision = self.fallback.last_decision
         else:
-            cached = {
-                t.id: max(matched[t.id] or 0, self.pending.match(t.id, keys, now)) for t in candidates
-            }
+            cached = {t.id: max(matched[t.id] or 0, self.pending.match(t.id, keys, now)) for t in candidates}
             target = self._pick(candidates, n_tokens, cached)
             self.pending.add(target.id, keys[cached[target.id] :], now)
             self.last_decision = "cache_affinity" if cached[target.id] else "low_match_min_load"
@@ -157,7 +155,9 @@ class KvAwarePolicy(RoutingPolicy):
             self._bind(session, target, now)
         return target
 
-    def costs(self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]) -> list[float]:
+    def costs(
+        self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]
+    ) -> list[float]:
         """Each candidate's cost: this prompt's uncached prefill there (plus a block), scaled by its load."""
         block = self.settings.block_size
         return [
@@ -168,7 +168,9 @@ class KvAwarePolicy(RoutingPolicy):
     def _pick(self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]) -> Target:
         costs = self.costs(candidates, prompt_tokens, cached)
         if self.settings.temperature <= 0.0 or len(candidates) == 1:
-            best = min(range(len(candidates)), key=lambda i: (costs[i], self.in_flight.get(candidates[i].id, 0)))
+            best = min(
+                range(len(candidates)), key=lambda i: (costs[i], self.in_flight.get(candidates[i].id, 0))
+            )
             return candidates[best]
         low, high = min(costs), max(costs)
         span = (high - low) or 1.0

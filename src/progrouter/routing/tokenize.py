@@ -68,11 +68,13 @@ class PromptTokenizer:
 
     @classmethod
     def load(cls, path: str) -> PromptTokenizer:
-        """From a model directory (tokenizer.json, tokenizer_config.json, chat template) or a tokenizer.json."""
+        """From a model directory (tokenizer.json, tokenizer_config.json, a chat template) or the file."""
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:
-            raise ConfigError("--tokenizer needs the tokenizers package: pip install 'progrouter[kv]'") from exc
+            raise ConfigError(
+                "--tokenizer needs the tokenizers package: pip install 'progrouter[kv]'"
+            ) from exc
         where = Path(path)
         folder = where if where.is_dir() else where.parent
         file = where / TOKENIZER_FILE if where.is_dir() else where
@@ -122,7 +124,7 @@ class PromptTokenizer:
 
 
 def _compile_template(source: str) -> Any:
-    """The template in transformers' environment: sandboxed, trimmed blocks, ``raise_exception``, ``tojson``."""
+    """The template in transformers' environment: sandboxed, trimmed blocks, raise_exception, tojson."""
     try:
         import jinja2
         import jinja2.ext
@@ -136,7 +138,9 @@ def _compile_template(source: str) -> Any:
     def tojson(value: Any, indent: int | None = None) -> str:
         return json.dumps(value, ensure_ascii=False, indent=indent)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     try:
@@ -146,7 +150,11 @@ def _compile_template(source: str) -> Any:
 
 
 def _int_ids(value: Any) -> list[int] | None:
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
         return value
     return None
 

@@ -71,7 +71,10 @@ POLICY_FLAGS: tuple[tuple[str, str, type], ...] = (
     ),
 )
 KV_EVENT_SOURCE_FLAGS = (
-    ("--kv-event-source", "kv_aware: static ZMQ KV event source, one endpoint per DP Rank; repeat per worker"),
+    (
+        "--kv-event-source",
+        "kv_aware: static ZMQ KV event source, one endpoint per DP Rank; repeat per worker",
+    ),
     ("--kv-event-replay-source", "kv_aware: ZMQ replay endpoints matching a worker's event source"),
 )
 

@@ -3,7 +3,9 @@ simulator share (no I/O here, so the simulator can import it without the HTTP cl
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from progrouter.workload.trace import Trace
@@ -17,11 +19,14 @@ class ArmSpec:
     binding_only: bool = False
     unbounded_kv: bool = False
     upstream: bool = False
+    kv_events: bool = False  # engines publish vLLM KV events and the router subscribes (kv_aware)
 
 
 ARMS: dict[str, ArmSpec] = {
     "native": ArmSpec("native"),
     "round_robin": ArmSpec("round_robin", policy="round_robin"),
+    "cache_aware": ArmSpec("cache_aware", policy="cache_aware"),
+    "kv_aware": ArmSpec("kv_aware", policy="kv_aware", kv_events=True),
     "program": ArmSpec("program", program=True),
     "binding_only": ArmSpec("binding_only", program=True, binding_only=True),
     "oracle": ArmSpec("oracle", unbounded_kv=True),
@@ -61,6 +66,21 @@ class EngineFleet:
             "--log-level", "warning",
             *self.extra_args,
         ]  # fmt: skip
+
+
+def kv_events_engine_args(base_port: int) -> tuple[str, ...]:
+    """An emulator's ``--kv-events-config``: Rank r publishes on loopback port ``base_port + r``."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{base_port}"}
+    return ("--kv-events-config", json.dumps(config))
+
+
+def kv_events_router_args(urls: Sequence[str], base_ports: Sequence[int], fleet: EngineFleet) -> list[str]:
+    """The router's ``--kv-event-source`` per engine (one endpoint per Rank), block size and model."""
+    args = ["--kv-event-block-size", str(fleet.block_size), "--kv-event-model", "progrouter-bench"]
+    for url, base in zip(urls, base_ports, strict=True):
+        endpoints = ",".join(f"tcp://127.0.0.1:{base + r}" for r in range(fleet.dp_size))
+        args += ["--kv-event-source", f"{url}={endpoints}"]
+    return args
 
 
 def trace_token_bounds(trace: Trace) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -34,7 +35,14 @@ import orjson
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.workload.arms import ARMS, ArmSpec, EngineFleet, oracle_blocks
+from progrouter.workload.arms import (
+    ARMS,
+    ArmSpec,
+    EngineFleet,
+    kv_events_engine_args,
+    kv_events_router_args,
+    oracle_blocks,
+)
 from progrouter.workload.facts import Fact, write_fact
 from progrouter.workload.procs import Child, ProcessError, free_port, free_ports_from, run_shell, stop_all
 from progrouter.workload.replay import ReplayOptions, replay
@@ -156,6 +164,7 @@ class Bench:
             self.engine_ports = free_ports_from(plan.engine_base_port, engines)
         else:
             self.engine_ports = [free_port() for _ in range(engines)]
+        self.event_ports: list[int] = []  # per engine, the KV event port of its Rank 0 (kv_events arms)
 
     def _dp_size(self) -> int:
         return self.plan.fleet.dp_size
@@ -170,10 +179,14 @@ class Bench:
                     await _wait_url(session, f"{url}/health", 600.0)
             return list(fleet.urls), []
         blocks = oracle_blocks(self.plan.trace, fleet) if arm.unbounded_kv else fleet.num_blocks
+        self.event_ports = [free_port_run(fleet.dp_size) for _ in self.engine_ports] if arm.kv_events else []
         urls, children = [], []
         try:
             for i, port in enumerate(self.engine_ports):
-                child = await Child.start(f"engine {i}", fleet.argv(port, blocks), folder / f"engine-{i}.log")
+                argv = fleet.argv(port, blocks)
+                if arm.kv_events:
+                    argv += kv_events_engine_args(self.event_ports[i])
+                child = await Child.start(f"engine {i}", argv, folder / f"engine-{i}.log")
                 children.append(child)
                 urls.append(f"http://127.0.0.1:{port}")
             for url, child in zip(urls, children, strict=True):
@@ -201,6 +214,8 @@ class Bench:
             "--intra-node-data-parallel-size", str(dp),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
         ]  # fmt: skip
+        if arm.kv_events and isinstance(self.plan.fleet, EngineFleet):
+            argv += kv_events_router_args(urls, self.event_ports, self.plan.fleet)
         if arm.upstream and dp > 1:
             argv += ["--api-key", "progrouter-bench"]  # upstream insists on one with DP > 1; any value
         if arm.program:
@@ -229,7 +244,13 @@ class Bench:
             children.append(router)
             router_url = f"http://127.0.0.1:{port}"
             await router.wait_healthy(f"{router_url}/health")
-            return await self._measure(arm, folder, urls, router_url, f"http://127.0.0.1:{metrics_port}")
+            cpu_before = process_cpu_seconds(router.proc.pid)
+            figures = await self._measure(arm, folder, urls, router_url, f"http://127.0.0.1:{metrics_port}")
+            cpu = process_cpu_seconds(router.proc.pid) - cpu_before
+            figures["router_cpu_seconds"] = cpu
+            figures["router_cpu_ms_per_request"] = 1e3 * cpu / max(1, self.plan.trace.num_requests)
+            (folder / "figures.json").write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2))
+            return figures
         finally:
             await stop_all(children[::-1])
 
@@ -303,9 +324,30 @@ class Bench:
         arm = ARMS[name]
         if arm.upstream and upstream_binary(self.plan.upstream_binary) is None:
             return "vllm-router is not installed (pip install vllm-router)"
+        if arm.kv_events and isinstance(self.plan.fleet, ExternalFleet):
+            return "needs the engines' KV event endpoints; the bench only knows those of engines it starts"
         if arm.unbounded_kv and isinstance(self.plan.fleet, ExternalFleet):
             return "needs engines with unbounded KV; the bench cannot resize engines it did not start"
         return None
+
+
+def free_port_run(n: int) -> int:
+    """A loopback port p with p .. p + n - 1 all free (Rank r of an engine publishes KV events on p + r)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n <= 65536 and free_ports_from(base, n) == list(range(base, base + n)):
+            return base
+    raise ProcessError(f"no run of {n} free loopback ports")
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of a running process (all its threads), from /proc; 0 where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fleet_json(fleet: EngineFleet | ExternalFleet, trace: Trace) -> dict[str, Any]:
