@@ -25,6 +25,7 @@ from pathlib import Path
 
 import orjson
 
+from progrouter.observe.kv_events import in_worker_thread
 from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy, KvAwareSettings
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.policies import CacheAwarePolicy, RoutingRequest
@@ -147,6 +148,7 @@ def main() -> None:
             CacheAwarePolicy(CacheAwareIndex(1)),
             time.monotonic,
         )
+        policy.offload = in_worker_thread  # as the router sets it
         for name, body in (("text", {"prompt": text}), ("token ids", {"prompt": ids})):
             raw = orjson.dumps(body)
             stall, took = asyncio.run(loop_stall_ms(policy, RoutingRequest({}, body, raw)))

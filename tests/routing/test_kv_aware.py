@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from progrouter.config import RouterConfig
+from progrouter.observe.kv_events import in_worker_thread
 from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy, KvAwareSettings
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.policies import CacheAwarePolicy, RoutingRequest, build_policy
@@ -207,6 +208,7 @@ async def test_prepare_keys_long_prompts_off_the_loop_once(tmp_path: Path, size:
 
     tok = PromptTokenizer.load(str(write_tiny_tokenizer(tmp_path / "m")))
     p = policy(tokenizer=tok)
+    p.offload = in_worker_thread
     body = {"prompt": " ".join(f"w{i % 500}" for i in range(size))}
     request = RoutingRequest({}, body, orjson.dumps(body))
     await p.prepare(request)

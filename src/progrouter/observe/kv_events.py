@@ -21,6 +21,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from progrouter.config import RouterConfig, parse_kv_sources
+from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.kv_residency import Applied, ResidencyIndex
 from progrouter.routing.target import expand_targets
 
@@ -186,13 +187,21 @@ def rank_sources(config: RouterConfig) -> list[RankSource]:
     return out
 
 
+async def in_worker_thread(work: Callable[[], Any]) -> Any:
+    """kv_aware's offload: long prompts are tokenized in the loop's default thread pool."""
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
 def kv_events_context(
-    index: ResidencyIndex, config: RouterConfig, registry: CollectorRegistry
+    policy: KvAwarePolicy, config: RouterConfig, registry: CollectorRegistry
 ) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
-    """An aiohttp ``cleanup_ctx`` entry: subscribers for every configured Rank, and the silence check."""
+    """An aiohttp ``cleanup_ctx`` entry for kv_aware: subscribers for every configured Rank feeding its
+    index, the silence check, and its worker thread for long prompts."""
+    index = policy.index
 
     @contextlib.asynccontextmanager
     async def running(_app: Any) -> AsyncIterator[None]:
+        policy.offload = in_worker_thread
         sources = rank_sources(config)
         if not sources:
             log.warning("kv_aware: no --kv-event-source, so every Rank is scored on load only")

@@ -18,12 +18,11 @@ the old way: ``cache_aware``'s character-level prefix tree.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from progrouter.routing.target import Target
 from progrouter.routing.tokenize import PromptTokenizer, prompt_token_ids
 
 log = logging.getLogger(__name__)
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]  # runs work off the event loop (the shell's)
 PENDING_SECONDS = 2.0  # how long a routed prefix counts as resident before its BlockStored arrives
 MAX_PENDING_BLOCKS = 200_000  # per target
 MAX_AFFINITY_SESSIONS = 100_000
@@ -105,6 +105,7 @@ class KvAwarePolicy(RoutingPolicy):
         self._clock = clock
         self._rng = rng or random.Random()
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.offload: Offload | None = None  # set by the shell that runs the policy (observe/kv_events.py)
         self._memo: OrderedDict[bytes, tuple[int, list[int]] | None] = OrderedDict()
 
     # ------------------------------------------------------------------ tokens
@@ -120,11 +121,11 @@ class KvAwarePolicy(RoutingPolicy):
         return None if ids is None else (len(ids), chain_keys(ids, self.settings.block_size))
 
     async def prepare(self, request: RoutingRequest) -> None:
-        """Tokenize and key a long prompt in a worker thread, for select() to find in the memo."""
-        if len(request.raw_body) < OFFLOAD_BYTES or request.raw_body in self._memo:
+        """Tokenize and key a long prompt off the event loop (``offload``), for select() to find it."""
+        if self.offload is None or len(request.raw_body) < OFFLOAD_BYTES or request.raw_body in self._memo:
             return
-        loop = asyncio.get_running_loop()
-        self._memo[request.raw_body] = await loop.run_in_executor(None, self._keys, request.body)
+        body = request.body
+        self._memo[request.raw_body] = await self.offload(lambda: self._keys(body))
         while len(self._memo) > MEMO_ENTRIES:
             self._memo.popitem(last=False)
 
