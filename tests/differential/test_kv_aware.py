@@ -119,34 +119,33 @@ async def heard(http: aiohttp.ClientSession, url: str, holder: ScriptedWorker) -
         await asyncio.sleep(0.05)
 
 
-async def test_a_prefix_goes_to_the_worker_that_announced_it(
-    kind: str, workers: WorkerFactory, launch: Launcher, publishers: Publishers, http: aiohttp.ClientSession
+@pytest.mark.parametrize(
+    ("held_by_a", "held_by_b", "expected"),
+    [
+        ([], [stored(P, 100), stored(Q, 200)], (0, 5)),  # only B holds P
+        ([stored(P, 100), stored(Q, 200)], [stored(P[: 2 * BS], 300)], (5, 0)),  # A holds more of P
+    ],
+    ids=["holder", "longer-prefix"],
+)
+async def test_a_prefix_goes_to_the_worker_holding_most_of_it(
+    kind: str,
+    workers: WorkerFactory,
+    launch: Launcher,
+    publishers: Publishers,
+    http: aiohttp.ClientSession,
+    held_by_a: list[dict[str, Any]],
+    held_by_b: list[dict[str, Any]],
+    expected: tuple[int, int],
 ) -> None:
     a, b = await workers(2)
     pa, pb = await publishers(2)
-    pb.events = [stored(P, 100), stored(Q, 200)]
+    pa.events, pb.events = held_by_a, held_by_b
     router = await launch(kind, kv_flags([a, b], [pa, pb]))
-    await heard(http, router.url, b)
+    await heard(http, router.url, b if expected[1] else a)  # Q is announced with the larger holding
     a.reset(), b.reset()
     for i in range(5):
         assert (await post(http, router.url, body=body([*P, 7, i]))).status == 200
-    assert (len(a.proxied), len(b.proxied)) == (0, 5)
-
-
-async def test_the_prefix_follows_when_another_worker_announces_it(
-    kind: str, workers: WorkerFactory, launch: Launcher, publishers: Publishers, http: aiohttp.ClientSession
-) -> None:
-    """A announces P's four blocks, B only its first two: the longer cached prefix wins."""
-    a, b = await workers(2)
-    pa, pb = await publishers(2)
-    pa.events = [stored(P, 100), stored(Q, 200)]
-    pb.events = [stored(P[: 2 * BS], 300)]
-    router = await launch(kind, kv_flags([a, b], [pa, pb]))
-    await heard(http, router.url, a)
-    a.reset(), b.reset()
-    for i in range(4):
-        assert (await post(http, router.url, body=body([*P, 9, i]))).status == 200
-    assert (len(a.proxied), len(b.proxied)) == (4, 0)
+    assert (len(a.proxied), len(b.proxied)) == expected
 
 
 async def test_a_cold_prompt_goes_to_the_less_loaded_worker(
