@@ -93,6 +93,15 @@ def test_cost_is_uncached_prefill_scaled_by_load() -> None:
     assert ask(p, {"prompt": [*PREFIX, 3, 4]}) == B  # 24 > 22: A is busy enough to pay the prefill on B
 
 
+def test_equal_costs_go_to_the_emptier_rank() -> None:
+    p = policy()
+    hear(p, A, list(range(3000, 3000 + 8 * BS)))  # A holds 8 blocks of something else
+    hear(p, B, [])
+    assert ask(p, {"prompt": list(range(6000, 6000 + 3 * BS))}) == B  # cold, nothing in flight: emptier B
+    p.on_start(B)
+    assert ask(p, {"prompt": list(range(6500, 6500 + 3 * BS))}) == A  # in-flight count comes first
+
+
 def test_a_burst_sharing_a_cold_prefix_stays_together_before_the_events_arrive() -> None:
     p = policy()
     hear(p, A, [])

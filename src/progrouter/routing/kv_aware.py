@@ -7,9 +7,9 @@ the requests this router has in flight there. The uncached prefill is the work t
 scales it (as upstream's multiplicative scorer), so a long cached prefix holds its Rank until that Rank is
 busier by about the ratio of the prefill it saves, and equal prefills (a cold prompt) go by load. The added
 block keeps a fully cached prompt sensitive to load. Temperature 0 takes the cheapest (ties: fewer in
-flight, then candidate order); T > 0 samples ``softmax(−c/T)`` over costs scaled to [0, 1] by their range.
-With a session affinity TTL, a session (its consistent-hash key) stays on its Rank while it is a candidate
-and has not been idle for the TTL.
+flight, then fewer resident blocks, then candidate order); T > 0 samples ``softmax(−c/T)`` over costs
+scaled to [0, 1] by their range. With a session affinity TTL, a session (its consistent-hash key) stays on
+its Rank while it is a candidate and has not been idle for the TTL.
 
 A Rank whose events are not heard (``unknown``) gets no cache credit (load-only). When every candidate is
 unknown, or the prompt's token ids cannot be known (a text prompt and no ``--tokenizer``), the request goes
@@ -169,14 +169,19 @@ class KvAwarePolicy(RoutingPolicy):
     def _pick(self, candidates: Sequence[Target], prompt_tokens: int, cached: Mapping[str, int]) -> Target:
         costs = self.costs(candidates, prompt_tokens, cached)
         if self.settings.temperature <= 0.0 or len(candidates) == 1:
-            best = min(
-                range(len(candidates)), key=lambda i: (costs[i], self.in_flight.get(candidates[i].id, 0))
-            )
+            best = min(range(len(candidates)), key=lambda i: (costs[i], *self._emptiness(candidates[i])))
             return candidates[best]
         low, high = min(costs), max(costs)
         span = (high - low) or 1.0
         weights = [math.exp(-(c - low) / span / self.settings.temperature) for c in costs]
         return self._rng.choices(list(candidates), weights=weights)[0]
+
+    def _emptiness(self, target: Target) -> tuple[int, int]:
+        """Tie-breakers, least first: requests in flight, then blocks the Rank holds. Agent sessions sit idle
+        between tool calls, so equal in-flight counts are common; the Rank with the emptier KV cache then
+        takes the new prefix (as cache_aware's smallest tree does), instead of always the first Rank."""
+        state = self.index.ranks.get(target.id)
+        return self.in_flight.get(target.id, 0), len(state.engine_to_key) if state is not None else 0
 
     # ------------------------------------------------------------------ load and sessions
     def on_targets_removed(self, target_ids: Sequence[str]) -> None:
