@@ -12,7 +12,7 @@ import pytest
 
 from progrouter.config import RouterConfig
 from progrouter.observe.kv_events import in_worker_thread
-from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy, KvAwareSettings
+from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy, KvAwareSettings, PendingBlocks
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.policies import CacheAwarePolicy, RoutingRequest, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -224,3 +224,17 @@ async def test_prepare_keys_long_prompts_off_the_loop_once(tmp_path: Path, size:
     assert (request.raw_body in p._memo) == (len(request.raw_body) >= OFFLOAD_BYTES)
     ids = tok.encode_text(body["prompt"])
     assert p.prompt_keys(request) == (len(ids), chain_keys(ids, BS))
+    as_ids = {"prompt": ids}
+    by_ids = RoutingRequest({}, as_ids, orjson.dumps(as_ids))
+    await p.prepare(by_ids)  # token ids are keyed on the loop: no thread hop for Python work
+    assert by_ids.raw_body not in p._memo
+    assert p.prompt_keys(by_ids) == (len(ids), chain_keys(ids, BS))
+
+
+def test_pending_blocks_stay_bounded() -> None:
+    pending = PendingBlocks(seconds=2.0, max_blocks=100)
+    pending.add("t", list(range(80)), now=0.0)
+    pending.add("t", list(range(80, 160)), now=5.0)  # over the bound: the expired first 80 go
+    assert len(pending._by_target["t"]) == 80 and pending.match("t", [80, 81], 5.0) == 2
+    pending.add("t", list(range(1000, 1200)), now=5.5)  # still too many once expired ones go: cleared
+    assert pending._by_target["t"] == {}

@@ -31,12 +31,12 @@ from progrouter.routing.hash_key import body_hash_key, header_hash_key
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.policies import CacheAwarePolicy, RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
-from progrouter.routing.tokenize import PromptTokenizer, prompt_token_ids
+from progrouter.routing.tokenize import PromptTokenizer, needs_tokenizer, prompt_token_ids
 
 log = logging.getLogger(__name__)
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]  # runs work off the event loop (the shell's)
 PENDING_SECONDS = 2.0  # how long a routed prefix counts as resident before its BlockStored arrives
-MAX_PENDING_BLOCKS = 200_000  # per target
+MAX_PENDING_BLOCKS = 65_536  # per target
 MAX_AFFINITY_SESSIONS = 100_000
 MEMO_ENTRIES = 64  # prompts tokenized ahead of select() (off the event loop), by request body
 OFFLOAD_BYTES = 1024  # longer bodies are tokenized and keyed in a worker thread (bench/tokenize_prompt.py)
@@ -50,21 +50,23 @@ class KvAwareSettings:
 
 
 class PendingBlocks:
-    """Chain keys routed to each target recently: resident soon, not yet announced (bounded, expiring)."""
+    """Chain keys routed to each target recently: resident soon, not yet announced (expiring, bounded).
+
+    A plain dict per target filled in bulk (``dict.fromkeys``): a long cold prompt adds hundreds of keys per
+    request, so no per-key Python work. Expired keys are ignored by ``match`` and dropped when a target's
+    dict passes ``max_blocks`` (all of it, if what is left is still too many: then it under-reports)."""
 
     def __init__(self, seconds: float = PENDING_SECONDS, max_blocks: int = MAX_PENDING_BLOCKS) -> None:
         self.seconds = seconds
         self.max_blocks = max_blocks
-        self._by_target: dict[str, OrderedDict[int, float]] = {}
+        self._by_target: dict[str, dict[int, float]] = {}
 
     def add(self, target_id: str, keys: Sequence[int], now: float) -> None:
-        held = self._by_target.setdefault(target_id, OrderedDict())
-        until = now + self.seconds
-        for key in keys:
-            held[key] = until
-            held.move_to_end(key)
-        while held and (len(held) > self.max_blocks or next(iter(held.values())) <= now):
-            held.popitem(last=False)
+        held = self._by_target.setdefault(target_id, {})
+        held.update(dict.fromkeys(keys, now + self.seconds))
+        if len(held) > self.max_blocks:
+            fresh = {k: until for k, until in held.items() if until > now}
+            self._by_target[target_id] = fresh if len(fresh) <= self.max_blocks else {}
 
     def match(self, target_id: str, keys: Sequence[int], now: float) -> int:
         held = self._by_target.get(target_id)
@@ -121,11 +123,15 @@ class KvAwarePolicy(RoutingPolicy):
         return None if ids is None else (len(ids), chain_keys(ids, self.settings.block_size))
 
     async def prepare(self, request: RoutingRequest) -> None:
-        """Tokenize and key a long prompt off the event loop (``offload``), for select() to find it."""
-        if self.offload is None or len(request.raw_body) < OFFLOAD_BYTES or request.raw_body in self._memo:
+        """Tokenize and key a long text or chat prompt off the event loop (``offload``), for select() to find.
+        Token-id prompts stay on the loop: keying them is Python work that would hold the GIL in a thread."""
+        raw = request.raw_body
+        if self.offload is None or len(raw) < OFFLOAD_BYTES or raw in self._memo:
+            return
+        if self.tokenizer is None or not needs_tokenizer(request.body):
             return
         body = request.body
-        self._memo[request.raw_body] = await self.offload(lambda: self._keys(body))
+        self._memo[raw] = await self.offload(lambda: self._keys(body))
         while len(self._memo) > MEMO_ENTRIES:
             self._memo.popitem(last=False)
 

@@ -159,6 +159,16 @@ def _int_ids(value: Any) -> list[int] | None:
     return None
 
 
+def needs_tokenizer(body: Mapping[str, Any] | None) -> bool:
+    """Whether the body's prompt is text or chat (token ids need no tokenizer)."""
+    if body is None:
+        return False
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return isinstance(prompt, str) or (prompt is None and isinstance(body.get("messages"), list))
+
+
 def prompt_token_ids(body: Mapping[str, Any] | None, tokenizer: PromptTokenizer | None) -> list[int] | None:
     """The prompt's token ids, or None when they cannot be known (no tokenizer for text, no prompt, a
     template that fails: the policy then falls back to the character-level behaviour)."""
