@@ -224,6 +224,7 @@ async def test_prepare_keys_long_prompts_off_the_loop_once(tmp_path: Path, size:
     assert (request.raw_body in p._memo) == (len(request.raw_body) >= OFFLOAD_BYTES)
     ids = tok.encode_text(body["prompt"])
     assert p.prompt_keys(request) == (len(ids), chain_keys(ids, BS))
+    assert request.raw_body not in p._memo  # taken: the memo keeps no body past its select()
     as_ids = {"prompt": ids}
     by_ids = RoutingRequest({}, as_ids, orjson.dumps(as_ids))
     await p.prepare(by_ids)  # token ids are keyed on the loop: no thread hop for Python work

@@ -38,7 +38,7 @@ Offload = Callable[[Callable[[], Any]], Awaitable[Any]]  # runs work off the eve
 PENDING_SECONDS = 2.0  # how long a routed prefix counts as resident before its BlockStored arrives
 MAX_PENDING_BLOCKS = 65_536  # per target
 MAX_AFFINITY_SESSIONS = 100_000
-MEMO_ENTRIES = 64  # prompts tokenized ahead of select() (off the event loop), by request body
+MEMO_ENTRIES = 64  # prompts tokenized ahead of select() and not yet taken (a client left meanwhile)
 OFFLOAD_BYTES = 1024  # longer bodies are tokenized and keyed in a worker thread (bench/tokenize_prompt.py)
 
 
@@ -112,10 +112,10 @@ class KvAwarePolicy(RoutingPolicy):
 
     # ------------------------------------------------------------------ tokens
     def prompt_keys(self, request: RoutingRequest) -> tuple[int, list[int]] | None:
-        """(prompt tokens, chain keys of its full blocks), from the memo ``prepare`` filled, else computed;
-        None when the token ids cannot be known."""
+        """(prompt tokens, chain keys of its full blocks), taken from the memo ``prepare`` filled (so the memo
+        holds a body only between the two calls), else computed; None when the ids cannot be known."""
         if request.raw_body in self._memo:
-            return self._memo[request.raw_body]
+            return self._memo.pop(request.raw_body)
         return self._keys(request.body)
 
     def _keys(self, body: Mapping[str, Any] | None) -> tuple[int, list[int]] | None:
