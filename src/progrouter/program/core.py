@@ -2,8 +2,9 @@
 
 Accounting (``CapacityLedger``), state (``ProgramTable``), retained requests (``RequestPool``), Rank queues,
 the work queue (``Agenda``), force-resume inputs, binding, timers and rolling statistics are separate
-objects, each changed only through its own methods; this bundle only wires them together for the event
-handlers of lifecycle and resume. Decisions take narrower views (``RankView``, a queue, a record).
+objects, each changed only through its own methods; this bundle only wires them together. Event handlers
+declare the narrow view of it they read (``views.py``); decisions take narrower ones still (``RankView``, a
+queue, a record).
 """
 
 from __future__ import annotations

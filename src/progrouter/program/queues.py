@@ -54,9 +54,12 @@ class _Block:
         self.demands.insert(i, entry.required)
         self.uncacheds.insert(i, entry.uncached)
         self.deadlines.insert(i, entry.forced_at)
-        self.required = min(self.required, entry.required)
-        self.uncached = min(self.uncached, entry.uncached)
-        self.forced_at = min(self.forced_at, entry.forced_at)
+        if entry.required < self.required:
+            self.required = entry.required
+        if entry.uncached < self.uncached:
+            self.uncached = entry.uncached
+        if entry.forced_at < self.forced_at:
+            self.forced_at = entry.forced_at
 
     def discard(self, entry: QueueEntry) -> None:
         """Take ``entry`` out (the block keeps at least one key); a least value it held is found again."""
@@ -166,9 +169,12 @@ class RankQueue:
         first = blocks[0]
         required, uncached, forced_at = first.required, first.uncached, first.forced_at
         for block in blocks:
-            required = min(required, block.required)
-            uncached = min(uncached, block.uncached)
-            forced_at = min(forced_at, block.forced_at)
+            if block.required < required:
+                required = block.required
+            if block.uncached < uncached:
+                uncached = block.uncached
+            if block.forced_at < forced_at:
+                forced_at = block.forced_at
         return required, uncached, forced_at
 
     def min_required(self) -> int:

@@ -259,7 +259,8 @@ class RankPrograms:
         self.overflow: Program | None = None
 
     def _bucket(self, program: Program) -> int:
-        return min(program.rounds_since_activation, len(self.rounds) - 1)
+        rounds, top = program.rounds_since_activation, len(self.rounds) - 1
+        return rounds if rounds < top else top
 
     def _enter(self, program: Program) -> None:
         b = self._bucket(program)
