@@ -33,8 +33,11 @@ import numpy as np
 from progrouter.engine.profiles import BUILTIN, EngineProfile, load_profile, with_cost_models
 from progrouter.sim.arms import SimArm, standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
+from progrouter.sim.requests import SimRequest
+from progrouter.sim.routers import ProgramRouter
 from progrouter.sim.simulation import Simulation
 from progrouter.workload.agentic import AgenticWorkload, generate_agentic
+from progrouter.workload.facts import Fact
 from progrouter.workload.report import prefill_gpu_seconds
 from progrouter.workload.trace import Trace
 
@@ -53,7 +56,16 @@ def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Tra
     )
 
 
-def build_arms(names: list[str], profile: EngineProfile, fleet: FleetSpec, agents: int) -> list[SimArm]:
+def build_arms(
+    names: list[str],
+    profile: EngineProfile,
+    fleet: FleetSpec,
+    agents: int,
+    variants: dict[str, dict[str, Any]],
+) -> list[SimArm]:
+    """The named arms, then each ``--variant``: the spec's default config with the profile's cost models, the
+    capacity arm's pool bound and the variant's fields on top (``"token_capacity_per_dp_rank": "kv"`` is the
+    Rank's KV tokens)."""
     base = with_cost_models({}, profile.prefill_cost_model, profile.decode_throughput_model)
     capacity = {
         "token_capacity_per_dp_rank": fleet.capacity_tokens,
@@ -66,7 +78,26 @@ def build_arms(names: list[str], profile: EngineProfile, fleet: FleetSpec, agent
             arms.append(variant_arm(name, base, capacity))
         else:
             arms.append(standard_arm(name, base))
+    for name, overrides in variants.items():
+        if overrides.get("token_capacity_per_dp_rank") == "kv":
+            overrides = {**overrides, "token_capacity_per_dp_rank": fleet.capacity_tokens}
+        pool = {"max_pooled_requests": capacity["max_pooled_requests"]}
+        arms.append(variant_arm(name, base, {**pool, **overrides}))
     return arms
+
+
+def parse_variants(texts: list[str]) -> dict[str, dict[str, Any]]:
+    """``NAME=JSON`` pairs; a name may not repeat or shadow a standard arm."""
+    variants: dict[str, dict[str, Any]] = {}
+    for text in texts:
+        name, sep, raw = text.partition("=")
+        if not sep or not name or name in ARM_NAMES or name in variants:
+            raise SystemExit(f"--variant wants a new NAME=JSON, not {text!r}")
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise SystemExit(f"--variant {name}: the JSON must be an object")
+        variants[name] = data
+    return variants
 
 
 class Sampler:
@@ -87,6 +118,28 @@ class Sampler:
         self.programs.append(sim.programs_per_rank())
         if sim.clock.now + SAMPLE_SECONDS <= self.until:
             sim.clock.at(sim.clock.now + SAMPLE_SECONDS, self._sample)
+
+
+def record_sent(sim: Simulation) -> list[Fact]:
+    """Every request the agents send, as its fact (the simulator fills it in when the request ends)."""
+    sent: list[Fact] = []
+    submit = sim.router.submit
+
+    def recording(now: float, request: SimRequest) -> None:
+        sent.append(request.fact)
+        submit(now, request)
+
+    sim.router.submit = recording  # type: ignore[method-assign]
+    return sent
+
+
+def censored_latency(sim: Simulation, sent: list[Fact], until: float) -> float | None:
+    """Mean request latency counting the requests still open at the horizon (queued in the router or in an
+    engine) at ``until`` − sent: a config that starves agents cannot look fast by never finishing them."""
+    done = {id(f) for f in sim.facts}
+    latencies = [f.finished_at - f.started_at for f in sim.facts if f.ok]
+    latencies += [until - f.started_at for f in sent if id(f) not in done]
+    return statistics.fmean(latencies) if latencies else None
 
 
 def dist(values: list[float]) -> dict[str, float | None]:
@@ -130,9 +183,21 @@ def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: f
         "kv_utilisation_mean": statistics.fmean(kv) if kv else None,
         "programs_per_rank": {"mean": statistics.fmean(programs) if programs else None,
                               "max": max(programs, default=0)},
+        "transitions": transitions(sim),
         "events": sim.clock.events_run,
         "wall_seconds": wall,
     }  # fmt: skip
+
+
+#: The Program scheduler's transitions worth a column: forced and cross-Rank resumes, TTL pauses.
+TRANSITIONS = ("force_resume", "cross_rank_resume", "ttl_expired", "capacity_repair")
+
+
+def transitions(sim: Simulation) -> dict[str, int]:
+    """How often each of ``TRANSITIONS`` happened, all Ranks together (zeros for native arms)."""
+    router = sim.router
+    counts = Counter(r for _, r in router.observer.transitions) if isinstance(router, ProgramRouter) else {}
+    return {name: counts.get(name, 0) for name in TRANSITIONS}
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -200,6 +265,13 @@ def main() -> None:
         "--agents-per-rank", default=None, help="a load sweep, e.g. 2,4,8 (instead of --agents; with --seeds)"
     )
     ap.add_argument("--seeds", default="0,1", help="the sweep's seeds")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='another Program arm: the spec default + JSON (\'cap={"token_capacity_per_dp_rank": "kv"}\')',
+    )
     ap.add_argument("--out", type=Path, default=None, help="folder for figures.json and programs.png")
     args = ap.parse_args()
 
@@ -248,13 +320,15 @@ def run_point(
     until = args.hours * 3600.0
     rows: list[dict[str, Any]] = []
     samplers: dict[str, Sampler] = {}
-    for arm in build_arms(names, profile, fleet, agents):
+    for arm in build_arms(names, profile, fleet, agents, parse_variants(args.variant)):
         started, cpu = time.perf_counter(), time.process_time()
         sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
         sampler = Sampler(sim, until)
+        sent = record_sent(sim)
         sim.run()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         row = summarize(sim, sampler, profile, wall)
+        row["request_seconds_censored"] = censored_latency(sim, sent, until)
         row["cpu_seconds"] = cpu
         rows.append(row)
         samplers[arm.name] = sampler
@@ -279,16 +353,27 @@ def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, na
         for arm, rows in per_arm.items():
             latency = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in rows)
             base = statistics.fmean(r["request_seconds"]["mean"] or 0.0 for r in native) if native else None
+            censored = statistics.fmean(r["request_seconds_censored"] or 0.0 for r in rows)
+            base_censored = (
+                statistics.fmean(r["request_seconds_censored"] or 0.0 for r in native) if native else None
+            )
             jcts = [r["jct_seconds"]["mean"] for r in rows if r["jct_seconds"]["mean"] is not None]
             table.append({
                 "profile": profile.name, "agents_per_rank": load, "arm": arm, "seeds": len(rows),
                 "token_hit": statistics.fmean(r["token_hit"] or 0.0 for r in rows),
                 "request_seconds_mean": latency, "x_native": latency / base if base else None,
+                "x_native_censored": censored / base_censored if base_censored else None,
+                "per_seed_x_native": [
+                    (r["request_seconds"]["mean"] or 0.0) / (n["request_seconds"]["mean"] or 1.0)
+                    for r, n in zip(rows, native or rows, strict=True)
+                ],
                 "requests_completed": statistics.fmean(r["requests_completed"] for r in rows),
                 "session_jct_mean": statistics.fmean(jcts) if jcts else None,
                 "prefill_gpu_seconds_saved": statistics.fmean(r["prefill_gpu_seconds_saved"] for r in rows),
                 "preemptions": statistics.fmean(r["preemptions"] for r in rows),
                 "queue_wait_mean": statistics.fmean(r["queue_wait_seconds"]["mean"] or 0.0 for r in rows),
+                "queue_wait_p90": statistics.fmean(r["queue_wait_seconds"]["p90"] or 0.0 for r in rows),
+                **{name: statistics.fmean(r["transitions"][name] for r in rows) for name in TRANSITIONS},
             })  # fmt: skip
         print_sweep(table)
     if args.out:
@@ -298,8 +383,8 @@ def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, na
 
 def print_sweep(table: list[dict[str, Any]]) -> None:
     keys = ["profile", "agents_per_rank", "arm", "token_hit", "request_seconds_mean", "x_native",
-            "requests_completed", "session_jct_mean", "prefill_gpu_seconds_saved", "preemptions",
-            "queue_wait_mean"]  # fmt: skip
+            "x_native_censored", "requests_completed", "session_jct_mean", "prefill_gpu_seconds_saved",
+            "preemptions", "queue_wait_mean", "queue_wait_p90", *TRANSITIONS]  # fmt: skip
     print("| " + " | ".join(keys) + " |")
     for row in table:
         print("| " + " | ".join(fmt(row[k]) for k in keys) + " |", flush=True)
