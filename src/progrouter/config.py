@@ -42,6 +42,11 @@ class ResumeOrder(StrEnum):
     FCFS = "fcfs"
 
 
+class ActingTTLPolicy(StrEnum):
+    SPEC = "spec"  # the spec's fitted TTL, capped at max_acting_ttl_seconds
+    WEIGHED = "weighed"  # idle seconds weighed by the work waiting for the KV, decided again while held
+
+
 class BindingStrategy(StrEnum):
     CONSISTENT_HASH = "consistent_hash"
     PROGRAM_ROUND_ROBIN = "program_round_robin"
@@ -198,8 +203,14 @@ class ProgramSchedulingConfig(_Strict):
     enable_batch_gain_admission: bool = True
     prefill_cost_model: PrefillCostModel = Field(default_factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = Field(default_factory=DecodeThroughputModel)
+    # Beyond the spec (docs/scheduler.md, "Improvements beyond the spec"); defaults keep the spec behaviour.
+    acting_ttl_policy: ActingTTLPolicy = ActingTTLPolicy.SPEC
+    weighed_ttl_max_seconds: float = 120.0  # the longest hold of the weighed TTL (nobody waiting)
+    weighed_ttl_check_seconds: float = 5.0  # how often a held Program's weighed TTL is decided again
 
     @field_validator(
+        "weighed_ttl_max_seconds",
+        "weighed_ttl_check_seconds",
         "metrics_interval_seconds",
         "queue_timeout_seconds",
         "force_resume_timeout_seconds",

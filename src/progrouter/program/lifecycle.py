@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.config import ProgramSchedulingConfig
+from progrouter.config import ActingTTLPolicy, ProgramSchedulingConfig
+from progrouter.program import ttl_weighing
 from progrouter.program.factors import ContinuitySample, RequestSample
 from progrouter.program.ledger import program_private_tokens, required_tokens
 from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
@@ -218,6 +219,8 @@ def _went_idle(
         else:
             factors = core.factors.get(dispatch.target.id)
             ttl = fitted_acting_ttl_for_rank(factors, impact, config.max_acting_ttl_seconds)
+            if config.acting_ttl_policy is ActingTTLPolicy.WEIGHED:
+                ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
             arm_ttl(core, program, ttl, "fitted", now)
         if program.active and not config.binding_only:
             segment_yield(core, program, now)
@@ -357,6 +360,11 @@ def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
         return
     deadline = acting.deadline
     if deadline <= now:
+        hold = ttl_weighing.hold_seconds(core, program, program.placement or "", now - acting.since)
+        if hold > 0.0:  # the weighed TTL's check: held on (only under acting_ttl_policy "weighed")
+            program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
+            core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
+            return
         expire_ttl(core, program, now)
     else:
         core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
