@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from progrouter.config import (
+    ActingTTLPolicy,
     BindingStrategy,
     ConfigError,
     EnableKey,
@@ -60,6 +61,16 @@ def test_defaults_match_the_spec() -> None:
     assert d.context_step_seconds_per_token == 1.420458414996201e-7
 
 
+def test_improvements_beyond_the_spec_default_off() -> None:
+    """The switches of docs/scheduler.md's "Improvements beyond the spec" default to the spec's behaviour,
+    and an unknown value is refused with the field's name."""
+    c = ProgramSchedulingConfig()
+    assert c.acting_ttl_policy is ActingTTLPolicy.SPEC
+    assert (c.weighed_ttl_max_seconds, c.weighed_ttl_check_seconds) == (120.0, 5.0)
+    assert _parse({"acting_ttl_policy": "weighed"}).acting_ttl_policy is ActingTTLPolicy.WEIGHED
+    _rejects({"acting_ttl_policy": "forever"}, "acting_ttl_policy")
+
+
 def test_reasoning_token_balance_requires_capacity() -> None:
     _rejects({"binding_strategy": "reasoning_token_balance"}, "requires token_capacity_per_dp_rank")
     ok = _parse({"binding_strategy": "reasoning_token_balance", "token_capacity_per_dp_rank": 1000})
@@ -74,6 +85,8 @@ def test_reasoning_token_balance_requires_capacity() -> None:
         "force_resume_timeout_seconds",
         "paused_retention_ttl_seconds",
         "shared_prefix_freshness_kv_turnovers",
+        "weighed_ttl_max_seconds",
+        "weighed_ttl_check_seconds",
     ],
 )
 @pytest.mark.parametrize("value", [0.0, -1.0, math.nan, math.inf])

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig, ResumeOrder
-from progrouter.program import lifecycle
+from progrouter.program import lifecycle, migration
 from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, uncached_tokens
 from progrouter.program.dispatch import dispatch_retained
 from progrouter.program.ledger import required_tokens
@@ -395,7 +395,9 @@ def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
         candidates.extend(
             p
             for p in queue.ordered()
-            if p.last_pause_reason is not None and now - _queued_at(p, now) >= interval
+            if p.last_pause_reason is not None
+            and now - _queued_at(p, now) >= interval
+            and migration.may_move(core, p, now - _queued_at(p, now), now)  # beyond the spec: migration.py
         )
     candidates.sort(key=lambda p: cross_rank_key(p, core.pool.front_hints(p), now))
     views: dict[str, RankView] = {}

@@ -1,0 +1,63 @@
+"""When a cross-Rank resume pays (beyond the spec; ``cross_rank_gate: "recompute_cost"``).
+
+The spec moves a waiting Program to another Rank once it has waited one metrics interval and the capacity
+gates pass. A move recomputes the whole context on the destination, so with 100k-token contexts it
+throws away KV that may still sit on the source and costs tens of seconds of prefill there. The
+recompute-cost gate moves a waiter only when that loss is already sunk or smaller than the wait:
+
+- it has been paused for at least one KV turnover of its source Rank (the time that Rank's uncached
+  prefill traffic takes to rewrite its whole KV): its KV there is probably gone, moving loses nothing; or
+- it has waited at least its cache-miss impact (what recomputing it costs): waiting longer costs more than
+  the move.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from progrouter.config import CrossRankGate
+from progrouter.program.policy import shared_prefix_freshness_seconds
+
+if TYPE_CHECKING:
+    from progrouter.program.core import Core
+    from progrouter.program.state import Program
+
+
+def move_pays(
+    *, waited_seconds: float, paused_seconds: float, recompute_seconds: float, turnover_seconds: float
+) -> bool:
+    """The recompute-cost gate: the source's KV is probably gone, or the wait already exceeds the miss."""
+    return paused_seconds >= turnover_seconds or waited_seconds >= recompute_seconds
+
+
+def kv_turnover_seconds(core: Core, target_id: str) -> float:
+    """One KV turnover of a Rank: capacity × mean e2e / Reasoning Programs / mean uncached prompt (the
+    shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature)."""
+    config = core.config
+    factors = core.factors.get(target_id)
+    if factors is None:
+        return config.shared_prefix_freshness_warmup_seconds
+    return shared_prefix_freshness_seconds(
+        config.shared_prefix_freshness_warmup_seconds,
+        1.0,
+        config.token_capacity_per_dp_rank,
+        factors.average_e2e_seconds(),
+        len(core.table.rank(target_id).reasoning),
+        factors.average_uncached_prompt_tokens(),
+        factors.request_window_complete(),
+    )
+
+
+def may_move(core: Core, program: Program, waited_seconds: float, now: float) -> bool:
+    """Whether the cross-Rank pass may consider ``program`` (always, under the spec's gate)."""
+    if core.config.cross_rank_gate is CrossRankGate.SPEC:
+        return True
+    source, pause = program.last_target, program.pause
+    if source is None or pause is None:
+        return True
+    return move_pays(
+        waited_seconds=waited_seconds,
+        paused_seconds=now - pause.at,
+        recompute_seconds=program.last_cache_miss_impact_seconds,
+        turnover_seconds=kv_turnover_seconds(core, source),
+    )
