@@ -19,8 +19,8 @@ from progrouter.config import CrossRankGate
 from progrouter.program.policy import shared_prefix_freshness_seconds
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.state import Program
+    from progrouter.program.views import RankSource
 
 
 def move_pays(
@@ -30,7 +30,7 @@ def move_pays(
     return paused_seconds >= turnover_seconds or waited_seconds >= recompute_seconds
 
 
-def kv_turnover_seconds(core: Core, target_id: str) -> float:
+def kv_turnover_seconds(core: RankSource, target_id: str) -> float:
     """One KV turnover of a Rank: capacity × mean e2e / Reasoning Programs / mean uncached prompt (the
     shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature)."""
     config = core.config
@@ -48,7 +48,7 @@ def kv_turnover_seconds(core: Core, target_id: str) -> float:
     )
 
 
-def may_move(core: Core, program: Program, waited_seconds: float, now: float) -> bool:
+def may_move(core: RankSource, program: Program, waited_seconds: float, now: float) -> bool:
     """Whether the cross-Rank pass may consider ``program`` (always, under the spec's gate)."""
     if core.config.cross_rank_gate is CrossRankGate.SPEC:
         return True

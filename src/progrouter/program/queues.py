@@ -212,6 +212,11 @@ class RankQueues:
         keys = None if self._pool_keys is None else self._pool_keys.get(model_pool)
         return 0 if keys is None else bisect.bisect_left(keys, key)
 
+    def pool_waiting(self, model_pool: str) -> int:
+        """Waiters of a pool over all its Ranks (``global_queue`` only; 0 otherwise)."""
+        keys = None if self._pool_keys is None else self._pool_keys.get(model_pool)
+        return 0 if keys is None else len(keys)
+
     def get(self, target_id: str) -> RankQueue | None:
         return self._queues.get(target_id)
 

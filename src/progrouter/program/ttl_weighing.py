@@ -26,8 +26,8 @@ from progrouter.program.factors import LogNormalFit
 from progrouter.program.policy import acting_ttl_candidates
 
 if TYPE_CHECKING:
-    from progrouter.program.core import Core
     from progrouter.program.state import Program
+    from progrouter.program.views import Pausing
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -93,19 +93,19 @@ def waiting_weight(local_waiters: int, pool_waiters: int, pool_ranks: int, *, gl
     return max(0.0, weight)
 
 
-def hold_seconds(core: Core, program: Program, target_id: str, elapsed_seconds: float) -> float:
+def hold_seconds(core: Pausing, program: Program, target_id: str, elapsed_seconds: float) -> float:
     """The weighed TTL of an idle Active Program on ``target_id`` idle for ``elapsed_seconds``, up to the
-    next check (``weighed_ttl_check_seconds``); 0 under the spec's policy or when it should pause now."""
+    next check (``weighed_ttl_check_seconds``); 0 under the spec's policy or when it should pause now. The
+    pool's share is over the Ranks the scheduler keeps statistics for."""
     config = core.config
     factors = core.factors.get(target_id)
     if config.acting_ttl_policy is not ActingTTLPolicy.WEIGHED or factors is None:
         return 0.0
     queues = core.queues
-    pool = core.pool_targets.get(program.ref.model_pool, [])
     weight = waiting_weight(
         queues.size(target_id),
-        sum(queues.size(t) for t in pool),
-        len(pool),
+        queues.pool_waiting(program.ref.model_pool),
+        len(core.factors),
         global_queue=config.global_queue,
     )
     hold = weighed_hold_seconds(
