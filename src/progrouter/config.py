@@ -47,11 +47,6 @@ class ActingTTLPolicy(StrEnum):
     WEIGHED = "weighed"  # idle seconds weighed by the work waiting for the KV, decided again while held
 
 
-class RepairOrder(StrEnum):
-    SPEC = "spec"  # the spec's repair_score: longest-running segments first
-    IDLE_FIRST = "idle_first"  # idle Acting Programs first, longest idle first, then the spec's order
-
-
 class CrossRankGate(StrEnum):
     SPEC = "spec"  # waited one metrics interval (and the spec's capacity gates)
     RECOMPUTE_COST = "recompute_cost"  # also: the source's KV is probably gone, or the wait exceeds the miss
@@ -217,7 +212,6 @@ class ProgramSchedulingConfig(_Strict):
     acting_ttl_policy: ActingTTLPolicy = ActingTTLPolicy.SPEC
     weighed_ttl_max_seconds: float = 120.0  # the longest hold of the weighed TTL (nobody waiting)
     weighed_ttl_check_seconds: float = 5.0  # how often a held Program's weighed TTL is decided again
-    repair_order: RepairOrder = RepairOrder.SPEC
     cross_rank_gate: CrossRankGate = CrossRankGate.SPEC
 
     @field_validator(

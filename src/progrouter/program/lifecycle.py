@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.config import ActingTTLPolicy, ProgramSchedulingConfig, RepairOrder
+from progrouter.config import ActingTTLPolicy, ProgramSchedulingConfig
 from progrouter.program import ttl_weighing
 from progrouter.program.factors import ContinuitySample, RequestSample
 from progrouter.program.ledger import program_private_tokens, required_tokens
@@ -42,7 +42,6 @@ from progrouter.program.records import (
     Segment,
     SharedPrefix,
 )
-from progrouter.program.repair_order import idle_first_score
 from progrouter.program.state import ProgramState, ProgramStatus
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
@@ -503,17 +502,14 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
         if reasoning and (program.pause_when_idle or not program.in_flight):
             continue
         started = program.segment.started_at
-        score = repair_score(
-            0.0 if started is None else max(0.0, now - started),
-            program.estimated_context_tokens if reasoning else program.completions.last_context_tokens,
-            avg_prompt,
-        )
-        if core.config.repair_order is RepairOrder.IDLE_FIRST:  # beyond the spec, program/repair_order.py
-            score = idle_first_score(reasoning=reasoning, acting_ttl=program.acting_ttl, now=now, spec=score)
         victim = RepairVictim(
             program_id=program.ref.program_id,
             reasoning=reasoning,
-            score=score,
+            score=repair_score(
+                0.0 if started is None else max(0.0, now - started),
+                program.estimated_context_tokens if reasoning else program.completions.last_context_tokens,
+                avg_prompt,
+            ),
             private_tokens=program_private_tokens(program, decode_buffer),
         )
         victims[id(victim)] = program
