@@ -5,8 +5,10 @@ Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 - a block with ``ref_cnt == 0`` is in the free queue, and only such blocks are; the queue is in eviction
   order, least recently freed first, so a freed block that still holds a cached prefix lives on as long
   as possible;
-- a full block that holds computed KV carries its chained hash and is findable in the hash map until the pool
-  hands it out again (eviction), at which point the hash is dropped.
+- a full block that holds computed KV carries its chained hash until the pool hands it out again (eviction),
+  at which point the hash is dropped. Two blocks may hold the same hash (a fully cached prompt recomputes
+  its last block into a new one): as in vLLM both are cached copies, the first is the one lookups find, and
+  when it is evicted the next copy takes its place.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class BlockPool:
         self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
         # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict()
-        self._cached: dict[int, KVCacheBlock] = {}
+        self._cached: dict[int, KVCacheBlock] = {}  # hash -> the copy lookups find
+        self._copies: dict[int, list[KVCacheBlock]] = {}  # hash -> further copies, oldest first (rare)
         self.num_evictions = 0
 
     @property
@@ -127,8 +130,7 @@ class BlockPool:
             block = popitem(last=False)[1]
             h = block.block_hash
             if h is not None:
-                if cached.get(h) is block:
-                    del cached[h]
+                self._uncache(block, h, cached)
                 block.block_hash = None
                 self.num_evictions += 1
                 evicted.append(h)
@@ -137,6 +139,19 @@ class BlockPool:
         if evicted and self.events is not None:
             self.events.blocks_removed(evicted)
         return out
+
+    def _uncache(self, block: KVCacheBlock, h: int, cached: dict[int, KVCacheBlock]) -> None:
+        """Drop ``block``'s copy of ``h``; the next copy, if any, becomes the one lookups find."""
+        copies = self._copies.get(h)
+        if cached.get(h) is block:
+            if copies:
+                cached[h] = copies.pop(0)
+            else:
+                del cached[h]
+        elif copies is not None:
+            copies.remove(block)
+        if copies is not None and not copies:
+            del self._copies[h]
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A request reuses cached blocks: take a reference, and pull free ones out of the eviction queue."""
@@ -166,10 +181,10 @@ class BlockPool:
     ) -> None:
         """Register ``blocks[start:end]`` (now full of computed tokens) under their chained hashes.
 
-        If another block already holds the same hash (two requests computed the same prefix in the same
-        step), the first one stays the findable copy; the duplicate is an ordinary block. The event sink
-        hears of every run of newly registered blocks, with its parent's hash and (``token_ids(i)`` of
-        block ``i``) its tokens.
+        If another block already holds the same hash (a recomputed last block, or two requests that computed
+        the same prefix in the same step), this one becomes a further copy: the first stays the one lookups
+        find. The event sink hears of every run of newly registered blocks, copies included (vLLM reports
+        them too), with its parent's hash and (``token_ids(i)`` of block ``i``) its tokens.
         """
         cached = self._cached
         registered: list[int] = []
@@ -177,10 +192,12 @@ class BlockPool:
             block = blocks[i]
             if block.block_hash is None:
                 h = block_hashes[i]
-                if h not in cached:
-                    block.block_hash = h
+                block.block_hash = h
+                if h in cached:
+                    self._copies.setdefault(h, []).append(block)
+                else:
                     cached[h] = block
-                    registered.append(i)
+                registered.append(i)
         if registered and self.events is not None:
             self._report_stored(registered, block_hashes, token_ids)
 
@@ -203,7 +220,11 @@ class BlockPool:
             return False
         for block in self._cached.values():
             block.block_hash = None
+        for copies in self._copies.values():
+            for block in copies:
+                block.block_hash = None
         self._cached.clear()
+        self._copies.clear()
         if self.events is not None:
             self.events.all_cleared()
         return True

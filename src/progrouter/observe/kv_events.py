@@ -23,17 +23,33 @@ log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_SECONDS = 2.0
 
 
+# The fields of vLLM's map-encoded events (vLLM >= 0.11), in the order of the older tagged-array layout.
+_ARRAY_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def _as_array(event: Any) -> list[Any]:
+    """One event as the tagged array the index reads: vLLM's maps (``{"type": ...}``) and the older arrays."""
+    if isinstance(event, list) and event and isinstance(event[0], str):
+        return event
+    if isinstance(event, dict) and event.get("type") in _ARRAY_FIELDS:
+        tag = event["type"]
+        return [tag, *(event.get(name) for name in _ARRAY_FIELDS[tag])]
+    raise ValueError("KV event is neither a tagged map nor a tagged array")
+
+
 def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
-    """``(ts, events)`` of a KVEventBatch; ValueError if the payload is not one."""
+    """``(ts, events)`` of a KVEventBatch, each event a tagged array; ValueError if the payload is not one."""
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ValueError(f"KV event batch is not msgpack: {exc}") from exc
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
         raise ValueError("KV event batch is not [ts, events, ...]")
-    if not all(isinstance(e, list) and e and isinstance(e[0], str) for e in batch[1]):
-        raise ValueError("KV event is not a tagged array")
-    return float(batch[0]), batch[1]
+    return float(batch[0]), [_as_array(e) for e in batch[1]]
 
 
 class KVEventMetrics:
