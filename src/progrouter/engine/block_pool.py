@@ -3,8 +3,9 @@
 Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 - the pool only keeps blocks; it never decides which request gets what (that is the KVCacheManager);
 - a block with ``ref_cnt == 0`` is in the free queue, and only such blocks are; the queue is in eviction
-  order, least recently freed first, so a freed block that still holds a cached prefix lives on as long
-  as possible;
+  order: blocks freed without a cached prefix first (most recently freed first, as vLLM >= 0.11 prepends
+  them), then the rest least recently freed first, so a freed block that still holds a cached prefix lives
+  on as long as possible;
 - a full block that holds computed KV carries its chained hash until the pool hands it out again (eviction),
   at which point the hash is dropped. Two blocks may hold the same hash (a fully cached prompt recomputes
   its last block into a new one): as in vLLM both are cached copies, the first is the one lookups find, and
@@ -48,16 +49,17 @@ class KVCacheBlock:
 class BlockPool:
     """``num_blocks`` blocks; free ones in an O(1) LRU queue, cached ones in a hash map.
 
-    The free queue starts as every block in id order. Blocks nobody has taken yet are that queue's head and
-    exist only as a count (``_fresh``, the next never-used id) until they are taken: a fleet-size Rank of
-    millions of tokens costs nothing until it fills, and the eviction order is the same.
+    The free queue starts as every block in id order. Blocks nobody has taken yet follow the reused-first
+    blocks and exist only as a count (``_fresh``, the next never-used id) until they are taken: a fleet-size
+    Rank of millions of tokens costs nothing until it fills, and the eviction order is the same.
     """
 
     def __init__(self, num_blocks: int, events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
         self.events = events
         self._blocks: list[KVCacheBlock] = []  # blocks created so far, by id
-        self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
+        self._front: list[KVCacheBlock] = []  # freed without a hash, handed out first: the head is the last
+        self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: next in the free queue
         # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._cached: dict[int, KVCacheBlock] = {}  # hash -> the copy lookups find
@@ -77,7 +79,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no user, including those that still hold a reusable cached prefix."""
-        return self.num_blocks - self._fresh + len(self._free)
+        return len(self._front) + self.num_blocks - self._fresh + len(self._free)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -97,11 +99,13 @@ class BlockPool:
 
     def free_queue_ids(self) -> list[int]:
         """Block ids in eviction order (for tests and diagnostics)."""
-        return [*range(self._fresh, self.num_blocks), *self._free]
+        front = [b.block_id for b in reversed(self._front)]
+        return [*front, *range(self._fresh, self.num_blocks), *self._free]
 
     def free_before(self, keep: set[int], upto: int) -> int:
         """How many blocks the free queue hands out (up to ``upto``) before one whose id is in ``keep``."""
-        n = min(upto, self.num_blocks - self._fresh)  # never-used blocks hold nothing anyone keeps
+        # reused-first and never-used blocks hold nothing anyone keeps
+        n = min(upto, len(self._front) + self.num_blocks - self._fresh)
         if n < upto:
             for block_id in self._free:
                 if block_id in keep or n >= upto:
@@ -113,15 +117,22 @@ class BlockPool:
         """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
-        fresh = min(n, self.num_blocks - self._fresh)
         out: list[KVCacheBlock] = []
+        front = self._front
+        while front and n:
+            block = front.pop()
+            block.ref_cnt = 1
+            out.append(block)
+            n -= 1
+        fresh = min(n, self.num_blocks - self._fresh)
         if fresh:
             start = self._fresh
             self._fresh += fresh
             self._create(self._fresh)
-            out = self._blocks[start : self._fresh]
-            for block in out:
+            taken = self._blocks[start : self._fresh]
+            for block in taken:
                 block.ref_cnt = 1
+            out += taken
             n -= fresh
         popitem = self._free.popitem
         cached = self._cached
@@ -162,14 +173,21 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, blocks_in_eviction_order: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference from each block; blocks that reach zero join the tail of the free queue."""
+        """Drop one reference from each block; those that reach zero join the free queue: with a cached
+        prefix at its tail, without one (nothing to keep) at its head, in the order given."""
         free = self._free
+        uncached: list[KVCacheBlock] = []
         for block in blocks_in_eviction_order:
             if block.ref_cnt <= 0:
                 raise AssertionError(f"{block!r} freed more often than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                free[block.block_id] = block
+                if block.block_hash is None:
+                    uncached.append(block)
+                else:
+                    free[block.block_id] = block
+        if uncached:
+            self._front += reversed(uncached)
 
     def cache_full_blocks(
         self,
