@@ -17,6 +17,7 @@ class ArmSpec:
     binding_only: bool = False
     unbounded_kv: bool = False
     upstream: bool = False
+    residency: bool = False  # the engines publish KV events and the router reads them (residency_aware)
 
 
 ARMS: dict[str, ArmSpec] = {
@@ -24,6 +25,7 @@ ARMS: dict[str, ArmSpec] = {
     "round_robin": ArmSpec("round_robin", policy="round_robin"),
     "program": ArmSpec("program", program=True),
     "binding_only": ArmSpec("binding_only", program=True, binding_only=True),
+    "program_residency": ArmSpec("program_residency", program=True, residency=True),
     "oracle": ArmSpec("oracle", unbounded_kv=True),
     "upstream": ArmSpec("upstream", program=True, upstream=True),
 }
@@ -47,7 +49,7 @@ class EngineFleet:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def argv(self, port: int, num_blocks: int) -> list[str]:
+    def argv(self, port: int, num_blocks: int, extra: tuple[str, ...] = ()) -> list[str]:
         return [
             sys.executable, "-m", "progrouter", "engine",
             "--host", "127.0.0.1", "--port", str(port),
@@ -60,6 +62,7 @@ class EngineFleet:
             "--time-scale", str(self.time_scale),
             "--log-level", "warning",
             *self.extra_args,
+            *extra,
         ]  # fmt: skip
 
 

@@ -9,6 +9,8 @@ Arms (``ARMS``):
 - ``round_robin``: request-level round robin;
 - ``program``: Program scheduling with the given config JSON;
 - ``binding_only``: the same config with ``binding_only: true`` (Program affinity without admission/TTL);
+- ``program_residency``: the same config with ``residency_aware: true``, the emulators publishing their KV
+  events (``--kv-events-config``, IPC) and the router subscribed to them;
 - ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
 - ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
 
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -156,6 +159,7 @@ class Bench:
             self.engine_ports = free_ports_from(plan.engine_base_port, engines)
         else:
             self.engine_ports = [free_port() for _ in range(engines)]
+        self._kv_sources: dict[str, str] = {}  # the residency arm's engines: URL -> KV events endpoint
 
     def _dp_size(self) -> int:
         return self.plan.fleet.dp_size
@@ -171,9 +175,17 @@ class Bench:
             return list(fleet.urls), []
         blocks = oracle_blocks(self.plan.trace, fleet) if arm.unbounded_kv else fleet.num_blocks
         urls, children = [], []
+        self._kv_sources = {}
         try:
             for i, port in enumerate(self.engine_ports):
-                child = await Child.start(f"engine {i}", fleet.argv(port, blocks), folder / f"engine-{i}.log")
+                extra: tuple[str, ...] = ()
+                if arm.residency:
+                    endpoint = f"ipc://{tempfile.mkdtemp(prefix='progrouter-kv-')}/events"
+                    self._kv_sources[f"http://127.0.0.1:{port}"] = endpoint
+                    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+                    extra = ("--kv-events-config", orjson.dumps(events).decode())
+                argv = fleet.argv(port, blocks, extra)
+                child = await Child.start(f"engine {i}", argv, folder / f"engine-{i}.log")
                 children.append(child)
                 urls.append(f"http://127.0.0.1:{port}")
             for url, child in zip(urls, children, strict=True):
@@ -207,6 +219,13 @@ class Bench:
             cfg = dict(self.plan.program_config)
             if arm.binding_only:
                 cfg["binding_only"] = True
+            if arm.residency:
+                assert isinstance(self.plan.fleet, EngineFleet)  # skip_reason: only emulators it starts
+                cfg |= {
+                    "residency_aware": True,
+                    "kv_event_sources": self._kv_sources,
+                    "kv_event_block_size": self.plan.fleet.block_size,
+                }
             scaled = scaled_program_config(cfg, self.time_scale)
             argv += [
                 "--enable-program-scheduling",
@@ -303,6 +322,8 @@ class Bench:
         arm = ARMS[name]
         if arm.upstream and upstream_binary(self.plan.upstream_binary) is None:
             return "vllm-router is not installed (pip install vllm-router)"
+        if arm.residency and isinstance(self.plan.fleet, ExternalFleet):
+            return "needs emulators the bench starts, publishing their KV events"
         if arm.unbounded_kv and isinstance(self.plan.fleet, ExternalFleet):
             return "needs engines with unbounded KV; the bench cannot resize engines it did not start"
         return None
