@@ -4,8 +4,14 @@ residency index they feed, and the prompt chain keys each Program's residency re
 Sources come from ``kv_event_sources`` (worker URL -> the endpoint of its ``--kv-events-config``; Rank r of a
 worker publishes on port + r, as vLLM derives it). A Program's prompt is matched only when the request gives
 it as token ids (``prompt``: a list of ints), so no request costs a tokenizer call; a text or chat prompt
-leaves the Program unknown and its scheduling as without residency. Memory: one list of chain keys per
-remembered Program (at most ``max_paused_programs`` + in flight, least recently seen forgotten first).
+leaves the Program unknown and its scheduling as without residency.
+
+Memory and CPU stay small whatever the context length: a Program keeps at most ``SAMPLED_BLOCKS`` chain keys
+of its prompt (its blocks at evenly spaced positions, the last one included; all of them for a prompt of up
+to that many blocks), and remembered Programs are at most ``max_paused_programs + max_pooled_requests``,
+least recently seen forgotten first. A Rank holds a prompt up to the last sampled block of the leading run it
+holds (vLLM evicts a chain tail first, so what a Rank holds of it is a prefix); between samples this rounds
+down, by at most 1/64 of the prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
@@ -27,6 +33,26 @@ from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
 
 ProgramKey = tuple[str, str]  # (model pool, Program id)
+SAMPLED_BLOCKS = 64
+
+
+class PromptSample(NamedTuple):
+    """Chain keys of a prompt's blocks at ``positions`` (block indexes, ascending, the last block last)."""
+
+    positions: tuple[int, ...]
+    keys: tuple[int, ...]
+
+    @classmethod
+    def of(cls, keys: list[int]) -> PromptSample:
+        n = len(keys)
+        if n <= SAMPLED_BLOCKS:
+            return cls(tuple(range(n)), tuple(keys))
+        positions = sorted({(i + 1) * n // SAMPLED_BLOCKS - 1 for i in range(SAMPLED_BLOCKS)})
+        return cls(tuple(positions), tuple(keys[i] for i in positions))
+
+    @property
+    def blocks(self) -> int:
+        return self.positions[-1] + 1 if self.positions else 0
 
 
 def prompt_token_ids(body: Mapping[str, Any] | None) -> list[int] | None:
@@ -48,7 +74,7 @@ class ProgramResidency:
         self._metrics = KVEventMetrics(registry)
         self._ctx = zmq.asyncio.Context()
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._keys: OrderedDict[ProgramKey, list[int]] = OrderedDict()
+        self._prompts: OrderedDict[ProgramKey, PromptSample] = OrderedDict()
         self._max_programs = config.max_paused_programs + config.max_pooled_requests
 
     @classmethod
@@ -86,26 +112,26 @@ class ProgramResidency:
         tokens = prompt_token_ids(body)
         if tokens is None:
             return None
-        keys = chain_keys(tokens, self.block_size)
-        self._keys[key] = keys
-        self._keys.move_to_end(key)
-        while len(self._keys) > self._max_programs:
-            self._keys.popitem(last=False)
-        return self._resident(keys, targets)
+        sample = PromptSample.of(chain_keys(tokens, self.block_size))
+        self._prompts[key] = sample
+        self._prompts.move_to_end(key)
+        while len(self._prompts) > self._max_programs:
+            self._prompts.popitem(last=False)
+        return self._resident(sample, targets)
 
     def report(self, targets: Sequence[Target]) -> dict[ProgramKey, tuple[int, dict[str, int]]]:
         """Every remembered Program's full-block tokens and resident tokens per known Rank (silent Ranks
         turn unknown first)."""
         self.index.expire(time.time())
         size = self.block_size
-        return {key: (len(keys) * size, self._resident(keys, targets)) for key, keys in self._keys.items()}
+        return {key: (s.blocks * size, self._resident(s, targets)) for key, s in self._prompts.items()}
 
-    def _resident(self, keys: list[int], targets: Sequence[Target]) -> dict[str, int]:
+    def _resident(self, sample: PromptSample, targets: Sequence[Target]) -> dict[str, int]:
         out = {}
         for target in targets:
-            blocks = self.index.match(target.id, keys)
-            if blocks is not None:
-                out[target.id] = blocks * self.block_size
+            held = self.index.match(target.id, sample.keys)
+            if held is not None:
+                out[target.id] = (sample.positions[held - 1] + 1 if held else 0) * self.block_size
         return out
 
     async def stop(self) -> None:
