@@ -11,7 +11,7 @@ from conftest import POOL, T0, T1, Harness, identity
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.outcomes import ProgramRequest
 from progrouter.program.pool import RequestHandle
-from progrouter.program.residency import ResidencyFacts, held_in_vain
+from progrouter.program.residency import ResidencyFacts, held_in_vain, holder
 from progrouter.program.types import RequestHints
 
 pytestmark = pytest.mark.timeout(30)
@@ -99,6 +99,8 @@ def test_a_new_program_binds_to_the_rank_holding_its_prompt(harness: Any) -> Non
     assert h.target_of(second) == T0
     third = arrive(h, "r", None)  # a text prompt (no token ids): the strategy decides
     assert h.target_of(third) == T1
+    fourth = arrive(h, "s", {T0: 2048, T1: 2048})  # a system prompt every Rank holds: no reason
+    assert h.target_of(fourth) == T0
     assert h.program("p")["resident_tokens"] == 64  # type: ignore[index]
     assert h.program("r")["resident_tokens"] is None  # type: ignore[index]
 
@@ -114,3 +116,13 @@ def test_config_refuses_residency_without_sources_and_bad_sources() -> None:
         ProgramSchedulingConfig(kv_event_sources={"w:1": "tcp://h:1"})
     with pytest.raises(ValueError):
         ProgramSchedulingConfig(kv_event_block_size=0)
+
+
+def test_holder_needs_a_lead_over_every_other_rank_and_the_floor() -> None:
+    facts = ResidencyFacts({T0: 96, T1: 64}, 0.0)
+    assert holder(facts, [T0, T1]) == T0
+    assert holder(facts, [T1, T0]) == T0
+    assert holder(facts, [T0, T1], floor=96) is None  # no more than its shared prefix
+    assert holder(ResidencyFacts({T0: 64, T1: 64}, 0.0), [T0, T1]) is None
+    assert holder(ResidencyFacts({T0: 64}, 0.0), [T0, T1]) == T0  # an unknown Rank holds nothing known
+    assert holder(None, [T0]) is None

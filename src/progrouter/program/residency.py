@@ -10,10 +10,12 @@ are absent, and then the old behaviour holds. The rules:
   call; once its Rank holds less of its last prompt than a continuous cache hit needs (90 %, as
   ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
   ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
-- **stays home**: a waiting Program whose private prefix is still resident on its Rank (its TTL expired,
-  its KV did not) resumes cheaply there, so the cross-Rank pass does not move it unless it is forced;
+- **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
+  its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
+  move it unless it is forced;
 - **prefer the holder**: a cross-Rank move, and the first binding of a new Program, go to the Rank holding
-  the longest prefix of its prompt (ties and no holder: the usual order).
+  the longest prefix of its prompt. What every Rank holds (a system prompt all share) is no reason to prefer
+  one: a tie at the top leaves the choice to the usual order (binding strategy, cross-Rank ranking).
 
 Functions here only read; ``ResidencyBook`` is the one owner of the facts and drops them with each report.
 """
@@ -64,9 +66,6 @@ class ResidencyBook:
     def replace(self, facts: dict[Program, ResidencyFacts]) -> None:
         self._facts = facts
 
-    def __len__(self) -> int:
-        return len(self._facts)
-
 
 def resident_on(facts: ResidencyFacts | None, target_id: str | None) -> int | None:
     """Tokens of the prompt the Rank holds; None when the Rank (or the Program) is unknown."""
@@ -87,22 +86,27 @@ def held_in_vain(program: Program, facts: ResidencyFacts | None) -> bool:
     return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
 
 
-def stays_home(program: Program, facts: ResidencyFacts | None) -> bool:
-    """Its private prefix is still resident on its last Rank: resuming there costs little prefill."""
-    held = resident_on(facts, program.last_target)
-    return held is not None and held > program.shared_prefix.tokens
+def stays_home(program: Program, facts: ResidencyFacts | None, target_ids: Iterable[str]) -> bool:
+    """Its last Rank holds more of its prompt than its shared prefix and than any other of ``target_ids``:
+    resuming there costs less prefill than anywhere else."""
+    home = program.last_target
+    return home is not None and holder(facts, target_ids, floor=program.shared_prefix.tokens) == home
 
 
-def holder(facts: ResidencyFacts | None, target_ids: Iterable[str]) -> str | None:
-    """The Rank among ``target_ids`` holding most of the prompt (at least one token); None if none does."""
+def holder(facts: ResidencyFacts | None, target_ids: Iterable[str], floor: int = 0) -> str | None:
+    """The one Rank among ``target_ids`` holding most of the prompt, more than ``floor`` tokens and more than
+    every other; None if none does or several tie at the top."""
     if facts is None:
         return None
-    best: tuple[int, str] | None = None
+    best: str | None = None
+    top = runner_up = floor
     for target_id in target_ids:
         held = facts.resident_tokens.get(target_id, 0)
-        if held > 0 and (best is None or held > best[0]):
-            best = (held, target_id)
-    return None if best is None else best[1]
+        if held > top:
+            best, top, runner_up = target_id, held, top
+        elif held > runner_up:
+            runner_up = held
+    return best if top > runner_up else None
 
 
 # ------------------------------------------------------------------------------- hooks the core calls
@@ -140,7 +144,9 @@ def initial_home(core: Core, request: ProgramRequest) -> str | None:
 
 def keeps_source(core: Core, program: Program) -> bool:
     """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
-    return core.config.residency_aware and stays_home(program, core.residency.get(program))
+    if not core.config.residency_aware:
+        return False
+    return stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
 
 
 def destination_order(core: Core, program: Program, destination: str) -> int:
