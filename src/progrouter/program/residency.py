@@ -24,16 +24,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from progrouter.program import lifecycle
 from progrouter.program.policy import CACHE_CONTINUITY_RATIO
 from progrouter.program.state import ProgramState, ProgramStatus
 
 if TYPE_CHECKING:
+    from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core import Core
     from progrouter.program.outcomes import ProgramRequest
     from progrouter.program.state import Program
+
+
+class Residencies(Protocol):
+    """What the rules read: the switch, the facts and the pools' Ranks (``Core``; the Scheduling view)."""
+
+    @property
+    def config(self) -> ProgramSchedulingConfig: ...
+    @property
+    def residency(self) -> ResidencyBook: ...
+    @property
+    def pool_targets(self) -> dict[str, list[str]]: ...
 
 
 Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)
@@ -128,13 +140,13 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
         lifecycle.expire_ttl(core, program, now)
 
 
-def on_arrival(core: Core, program: Program, request: ProgramRequest, now: float) -> None:
+def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
     """The request's own residency report is the Program's freshest."""
     if core.config.residency_aware and request.resident_tokens is not None:
         core.residency.record(program, ResidencyFacts(request.resident_tokens, now))
 
 
-def initial_home(core: Core, request: ProgramRequest) -> str | None:
+def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
     """A new Program's first Rank: the one holding its prompt's prefix, if any Rank of its pool does."""
     if not core.config.residency_aware or request.resident_tokens is None:
         return None
@@ -142,26 +154,26 @@ def initial_home(core: Core, request: ProgramRequest) -> str | None:
     return holder(facts, core.pool_targets.get(request.model_pool, ()))
 
 
-def keeps_source(core: Core, program: Program) -> bool:
+def keeps_source(core: Residencies, program: Program) -> bool:
     """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
     if not core.config.residency_aware:
         return False
     return stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
 
 
-def destination_order(core: Core, program: Program, destination: str) -> int:
+def destination_order(core: Residencies, program: Program, destination: str) -> int:
     """Sort key of a cross-Rank destination: the more of the prompt it holds, the earlier (0 when off)."""
     if not core.config.residency_aware:
         return 0
     return -(resident_on(core.residency.get(program), destination) or 0)
 
 
-def in_vain(core: Core, programs: Iterable[Program]) -> list[Program]:
+def in_vain(core: Residencies, programs: Iterable[Program]) -> list[Program]:
     """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``), in id order."""
     book = core.residency
     return sorted((p for p in programs if held_in_vain(p, book.get(p))), key=lambda p: p.serial)
 
 
-def diagnostic(core: Core, program: Program) -> int | None:
+def diagnostic(core: Residencies, program: Program) -> int | None:
     """Resident tokens on the Program's Rank (placement, else last), for diagnostics; None when unknown."""
     return resident_on(core.residency.get(program), program.placement or program.last_target)
