@@ -213,6 +213,14 @@ class ProgramSchedulingConfig(_Strict):
     weighed_ttl_max_seconds: float = 120.0  # the longest hold of the weighed TTL (nobody waiting)
     weighed_ttl_check_seconds: float = 5.0  # how often a held Program's weighed TTL is decided again
     cross_rank_gate: CrossRankGate = CrossRankGate.SPEC
+    # Program scheduling on exact residency (docs/kv_events.md): the router subscribes to each worker's vLLM
+    # KV events (worker URL -> the endpoint of its --kv-events-config, Rank r on port + r; a replay endpoint
+    # per worker optional) and lets what each Rank really holds end an evicted Program's acting TTL, keep a
+    # resident Program on its Rank, and bind to the Rank holding a prompt's prefix. Off until measured.
+    residency_aware: bool = False
+    kv_event_sources: dict[str, str] = Field(default_factory=dict)
+    kv_event_replay_sources: dict[str, str] = Field(default_factory=dict)
+    kv_event_block_size: int = Field(default=16, ge=1)
 
     @field_validator(
         "weighed_ttl_max_seconds",
@@ -274,7 +282,20 @@ class ProgramSchedulingConfig(_Strict):
             and self.token_capacity_per_dp_rank is None
         ):
             raise ValueError("binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank")
+        self._check_kv_event_sources()
         return self
+
+    def _check_kv_event_sources(self) -> None:
+        if self.residency_aware and not self.kv_event_sources:
+            raise ValueError("residency_aware needs kv_event_sources (worker URL -> KV events endpoint)")
+        extra = sorted(set(self.kv_event_replay_sources) - set(self.kv_event_sources))
+        if extra:
+            raise ValueError(f"kv_event_replay_sources: {extra[0]} has no kv_event_sources entry")
+        for url, endpoint in (*self.kv_event_sources.items(), *self.kv_event_replay_sources.items()):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"kv_event_sources: {url!r} is not a worker URL (http:// or https://)")
+            if not endpoint.startswith(("tcp://", "ipc://")):
+                raise ValueError(f"kv_event_sources: {endpoint!r} must start with tcp:// or ipc://")
 
     def defaulted_calibration_fields(self) -> list[str]:
         """Dotted names of the seven coefficients that were not given explicitly."""

@@ -1,8 +1,9 @@
 """The emulator's KV events (vLLM's ``--kv-events-config``), read by a ZMQ subscriber over loopback.
 
-The subscriber here is written from vLLM's wire format (msgpack ``[ts, events, rank]``, frames ``[topic,
-seq, payload]``, the replay ROUTER's ``[b"", topic, seq, payload]`` answers ending in seq -1), not from the
-emulator's encoder, so a drift in either direction fails.
+The subscriber here is written from vLLM's wire format (msgpack ``[ts, events, rank]`` with each event a map
+tagged by ``type``, frames ``[topic, seq, payload]``, the replay ROUTER's ``[b"", topic, seq, payload]``
+answers ending in seq -1), not from the emulator's encoder, so a drift in either direction fails. The
+real-vLLM tier (``tests/vllm/test_kv_events.py``) compares the emulator's events with vLLM's own.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Subscriber:
 
         await asyncio.wait_for(loop(), timeout)
 
-    def events(self) -> list[list[Any]]:
+    def events(self) -> list[dict[str, Any]]:
         return [e for _, batch in self.received for e in batch[1]]
 
 
@@ -94,6 +95,17 @@ async def connected(sub: Subscriber, url: str, rank: int) -> None:
         raise AssertionError("subscriber never received a batch")
 
 
+CLEARED = {"type": "AllBlocksCleared"}
+
+
+def stored(event: dict[str, Any]) -> bool:
+    return bool(event["type"] == "BlockStored")
+
+
+def removed(event: dict[str, Any]) -> bool:
+    return bool(event["type"] == "BlockRemoved")
+
+
 def prompt_of(seed: int, n_blocks: int) -> list[int]:
     return [1000 + seed * 97 + i for i in range(n_blocks * BS + 1)]
 
@@ -109,18 +121,20 @@ async def test_each_rank_publishes_stored_blocks_with_tokens_parents_and_sequenc
         sub.received.clear()
     prompt = prompt_of(1, 3)
     await complete(eng.url, prompt, rank=1)
-    await subs[1].until(lambda r: sum(len(e[1]) for _, b in r for e in b[1] if e[0] == "BlockStored") >= 3)
+    await subs[1].until(lambda r: sum(len(e["block_hashes"]) for _, b in r for e in b[1] if stored(e)) >= 3)
     seqs = [seq for seq, _ in subs[1].received]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # consecutive, one per step that changed it
     assert all(batch[2] == 1 for _, batch in subs[1].received)  # data_parallel_rank
     assert all(isinstance(batch[0], float) for _, batch in subs[1].received)
-    stored = [e for e in subs[1].events() if e[0] == "BlockStored"]
-    assert len(stored) == 1  # one prefill step: one chain of three blocks
-    hashes, parent, tokens = stored[0][1], stored[0][2], stored[0][3]
-    assert tokens == prompt[: 3 * BS]  # the prompt's full blocks, their tokens in order
-    assert len(hashes) == len(set(hashes)) == 3
-    assert parent is None  # the chain starts at the root
-    assert all(e[4] == BS and e[5] is None and e[6] == "GPU" for e in stored)
+    events = [e for e in subs[1].events() if stored(e)]
+    assert len(events) == 1  # one prefill step: one chain of three blocks
+    event = events[0]
+    assert event["token_ids"] == prompt[: 3 * BS]  # the prompt's full blocks, their tokens in order
+    hashes = event["block_hashes"]
+    assert len(hashes) == len(set(hashes)) == 3 and all(0 <= h < 2**64 for h in hashes)
+    assert event["parent_block_hash"] is None  # the chain starts at the root
+    assert event["block_size"] == BS and event["lora_id"] is None and event["medium"] == "GPU"
+    assert event["extra_keys"] == [None] * 3 and event["group_idx"] == 0
     assert subs[0].received == []  # Rank 0 computed nothing new
 
 
@@ -132,7 +146,7 @@ async def test_a_shared_prefix_is_not_stored_twice_and_eviction_publishes_remove
     sub = Subscriber(zctx, cfg["endpoint"])
     await connected(sub, eng.url, 0)
     await reset(eng.url)  # the warm-up's blocks, some stored before the subscriber joined, are gone
-    await sub.until(lambda r: any(e == ["AllBlocksCleared"] for _, b in r for e in b[1]))
+    await sub.until(lambda r: any(e == CLEARED for _, b in r for e in b[1]))
     sub.received.clear()
     await complete(eng.url, prompt_of(2, 4), 0)
     await complete(eng.url, prompt_of(2, 4), 0)  # all cached: no new block is stored
@@ -141,21 +155,22 @@ async def test_a_shared_prefix_is_not_stored_twice_and_eviction_publishes_remove
         await complete(eng.url, prompt_of(seed, 4), 0)
 
     def stored_hashes(r: list[tuple[int, list[Any]]]) -> list[int]:
-        return [h for _, b in r for e in b[1] if e[0] == "BlockStored" for h in e[1]]
+        return [h for _, b in r for e in b[1] if stored(e) for h in e["block_hashes"]]
 
     await sub.until(
-        lambda r: len(set(stored_hashes(r))) >= 20 and any(e[0] == "BlockRemoved" for _, b in r for e in b[1])
+        lambda r: len(set(stored_hashes(r))) >= 20 and any(removed(e) for _, b in r for e in b[1])
     )
-    stored = stored_hashes(sub.received)
-    assert len(stored) == len(set(stored))
+    hashes = stored_hashes(sub.received)
+    assert len(hashes) == len(set(hashes))
     seen: set[int] = set()
     for e in sub.events():
-        if e[0] == "BlockStored":
-            seen.update(e[1])
-        elif e[0] == "BlockRemoved":
-            assert set(e[1]) <= seen  # only blocks that were announced are removed
-            assert e[2] == "GPU"
-            seen -= set(e[1])
+        if stored(e):
+            seen.update(e["block_hashes"])
+        elif removed(e):
+            assert len(e["block_hashes"]) == 1  # vLLM sends one event per evicted block
+            assert set(e["block_hashes"]) <= seen  # only blocks that were announced are removed
+            assert e["medium"] == "GPU"
+            seen -= set(e["block_hashes"])
     assert len(seen) <= 16  # what the subscriber thinks is resident fits in the pool
 
 
@@ -168,7 +183,7 @@ async def test_replay_returns_missed_batches_and_the_end_marker(
     await connected(sub, eng.url, 0)
     await complete(eng.url, prompt_of(7, 2), 0)
     await sub.until(
-        lambda r: any(e[0] == "BlockStored" and e[3][0] == 1000 + 7 * 97 for _, b in r for e in b[1])
+        lambda r: any(stored(e) and e["token_ids"][0] == 1000 + 7 * 97 for _, b in r for e in b[1])
     )
     live = {seq: batch for seq, batch in sub.received}
     dealer = zctx.socket(zmq.DEALER)
@@ -198,7 +213,7 @@ async def test_reset_prefix_cache_publishes_all_blocks_cleared(
     sub = Subscriber(zctx, cfg["endpoint"])
     await connected(sub, eng.url, 0)
     await reset(eng.url)
-    await sub.until(lambda r: any(e == ["AllBlocksCleared"] for _, b in r for e in b[1]))
+    await sub.until(lambda r: any(e == CLEARED for _, b in r for e in b[1]))
     assert eng.server.cores[0].kv.pool.num_cached_blocks == 0
 
 
@@ -208,15 +223,39 @@ def test_pool_reports_runs_evictions_and_refuses_a_busy_reset() -> None:
     blocks = pool.get_new_blocks(3)
     pool.cache_full_blocks(blocks, [11, 12, 13], 0, 2, lambda i: [i] * 4)
     pool.cache_full_blocks(blocks, [11, 12, 13], 2, 3, lambda i: [i] * 4)
-    assert rec.take() == [
-        ["BlockStored", [11, 12], None, [0, 0, 0, 0, 1, 1, 1, 1], 4, None, "GPU"],
-        ["BlockStored", [13], 12, [2, 2, 2, 2], 4, None, "GPU"],
+    assert [(e["block_hashes"], e["parent_block_hash"], e["token_ids"]) for e in rec.take()] == [
+        ([11, 12], None, [0, 0, 0, 0, 1, 1, 1, 1]),
+        ([13], 12, [2, 2, 2, 2]),
     ]
     assert not pool.reset_prefix_cache()  # blocks in use: nothing changes, nothing is reported
     assert rec.take() == [] and pool.num_cached_blocks == 3
     pool.free_blocks(reversed(blocks))
     pool.get_new_blocks(3)  # the fresh block, then 13 and 12 (the tail, freed first) are evicted
-    assert rec.take() == [["BlockRemoved", [13, 12], "GPU"]]
+    assert rec.take() == [
+        {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", "group_idx": 0} for h in (13, 12)
+    ]
+
+
+def test_a_recomputed_block_is_a_second_copy_stored_and_removed_on_its_own() -> None:
+    """As in vLLM: a fully cached prompt recomputes its last block into a new block under the same hash."""
+    rec = KVEventRecorder(block_size=4)
+    pool = BlockPool(4, rec)
+    first = pool.get_new_blocks(2)
+    pool.cache_full_blocks(first, [11, 12], 0, 2, lambda i: [i] * 4)
+    pool.touch(first[:1])
+    copy = pool.get_new_blocks(1)  # the repeat: block 11 is a hit, 12 is recomputed
+    pool.cache_full_blocks([*first[:1], *copy], [11, 12], 1, 2, lambda i: [i] * 4)
+    events = rec.take()
+    assert [(e["block_hashes"], e["parent_block_hash"]) for e in events] == [([11, 12], None), ([12], 11)]
+    assert pool.get_cached_block(12) is first[1] and pool.num_cached_blocks == 2
+    pool.free_blocks(reversed(first))  # eviction order: 12 (first copy), 11, then the copy
+    pool.free_blocks([first[0], *copy])
+    pool.get_new_blocks(2)  # the fresh block and the first copy of 12: the second copy is now found
+    assert [e["block_hashes"] for e in rec.take()] == [[12]]
+    assert pool.get_cached_block(12) is copy[0]
+    pool.get_new_blocks(2)
+    assert [e["block_hashes"] for e in rec.take()] == [[11], [12]]
+    assert pool.num_cached_blocks == 0
 
 
 def test_the_flag_takes_vllms_json_and_refuses_bad_input() -> None:

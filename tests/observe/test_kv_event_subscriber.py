@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber
+from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber, decode_batch
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from support.factories import EngineFactory
 from support.kv_events import events_config
@@ -126,3 +127,36 @@ async def test_a_gap_replay_cannot_fill_forgets_the_rank(
     assert index.match("e#0", chain_keys(prompt, BS)) == 0  # what happened meanwhile is unknown: forgotten
     assert registry_value(registry, "progrouter_kv_events_gaps_total", source="e#0", outcome="lost") >= 1
     await run.stop()
+
+
+def test_decode_reads_vllms_tagged_maps_and_the_older_tagged_arrays() -> None:
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [2**63 + 5],
+        "parent_block_hash": None,
+        "token_ids": [1, 2],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [["salt"]],
+        "group_idx": 0,
+    }
+    removed = {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU", "group_idx": 0}
+    older = ["BlockRemoved", [8], "GPU"]
+    payload = msgpack.packb([1.5, [stored, removed, {"type": "AllBlocksCleared"}, older], 0])
+    assert decode_batch(payload) == (
+        1.5,
+        [
+            ["BlockStored", [2**63 + 5], None, [1, 2], 2, None, "GPU"],
+            ["BlockRemoved", [7], "GPU"],
+            ["AllBlocksCleared"],
+            older,
+        ],
+    )
+    # An event type a newer vLLM may add passes through as its tag alone (the index ignores it); an event
+    # without a tag, or a batch of the wrong shape, is refused.
+    assert decode_batch(msgpack.packb([1.0, [{"type": "Bogus", "x": 1}]])) == (1.0, [["Bogus"]])
+    for bad in ([1.0, [{"block_hashes": [1]}]], [1.0, [[]]], {"ts": 1}):
+        with pytest.raises(ValueError):
+            decode_batch(msgpack.packb(bad))

@@ -48,3 +48,16 @@ def test_a_silent_rank_becomes_unknown_and_memory_is_bounded() -> None:
     assert index.match("r0", chain_keys(TOKENS, BS)) == 0
     index.expire(now=10.5)
     assert index.match("r0", chain_keys(TOKENS, BS)) is None and index.size() == 0
+
+
+def test_a_hash_stored_twice_stays_resident_until_both_copies_are_removed() -> None:
+    """vLLM stores a recomputed block again under the same hash and removes each copy on its own."""
+    index = ResidencyIndex()
+    keys = chain_keys(TOKENS, BS)
+    index.apply("r0", 0, 1.0, [stored([7, 8], None, TOKENS[: 2 * BS])], now=1.0)
+    index.apply("r0", 1, 1.0, [stored([8], 7, TOKENS[BS : 2 * BS])], now=1.0)  # the second copy
+    assert index.match("r0", keys) == 2 and index.size() == 2
+    index.apply("r0", 2, 2.0, [["BlockRemoved", [8], "GPU"]], now=2.0)
+    assert index.match("r0", keys) == 2  # one copy is left
+    index.apply("r0", 3, 3.0, [["BlockRemoved", [8], "GPU"]], now=3.0)
+    assert index.match("r0", keys) == 1

@@ -11,6 +11,7 @@ The session prints the time each stage took (environment, server start-up, each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -21,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ NUM_BLOCKS = 512  # per Rank: 16,384 tokens of KV
 KV_TOKENS_PER_RANK = BLOCK_SIZE * NUM_BLOCKS
 MAX_MODEL_LEN = 8192
 VOCAB_SIZE = 8192
-HEALTH_TIMEOUT_SECONDS = 240.0
+HEALTH_TIMEOUT_SECONDS = 420.0  # a cold start on the shared 2-core machine has taken 265 s
 
 STAGES: list[tuple[str, float]] = []
 NOTES: list[str] = []
@@ -87,19 +88,29 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def vllm_command(python: str, model: str, port: int) -> list[str]:
+def vllm_command(
+    python: str,
+    model: str,
+    port: int,
+    *,
+    dp_size: int = DP_SIZE,
+    num_blocks: int = NUM_BLOCKS,
+    max_model_len: int = MAX_MODEL_LEN,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     return [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model, "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
-        "--data-parallel-size", str(DP_SIZE),
-        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS),
-        "--max-model-len", str(MAX_MODEL_LEN),
+        "--data-parallel-size", str(dp_size),
+        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(num_blocks),
+        "--max-model-len", str(max_model_len),
         # On the CPU backend this is the share of host memory vLLM checks it may reserve; the KV size
         # itself comes from --num-gpu-blocks-override. 0.1 keeps the check passing on a shared machine.
         "--gpu-memory-utilization", "0.1",
         "--enable-prompt-tokens-details", "--enforce-eager", "--seed", "0",
         "--uvicorn-log-level", "warning",
+        *extra,
     ]  # fmt: skip
 
 
@@ -117,31 +128,32 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VllmServer]:
-    reuse = os.environ.get("PROGROUTER_VLLM_URL")
-    if reuse:
-        if not _healthy(reuse.rstrip("/")):
-            pytest.fail(f"PROGROUTER_VLLM_URL={reuse} is not healthy")
-        yield VllmServer(reuse.rstrip("/"), MODEL_NAME, DP_SIZE, None)
-        return
+@contextlib.contextmanager
+def running_vllm(
+    command: Callable[[str, str, int], list[str]], label: str, env: Mapping[str, str] | None = None
+) -> Iterator[VllmServer]:
+    """Start ``command(python, model, port)``, wait until healthy, yield it, stop its process group."""
     t0 = time.monotonic()
     python, model = _env_paths()
     STAGES.append(("vLLM environment (venv + tiny model)", time.monotonic() - t0))
     t1 = time.monotonic()
     port = _free_port()
     log = Path(tempfile.mkdtemp(prefix="progrouter-vllm-")) / "vllm.log"
-    env = os.environ | {
+    full_env = os.environ | {
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",  # one core per DP Rank
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        **(env or {}),
     }
-    cmd = vllm_command(python, model, port)
+    cmd = command(python, model, port)
+    dp_size = int(cmd[cmd.index("--data-parallel-size") + 1])
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, DP_SIZE, log)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, dp_size, log)
     try:
         deadline = time.monotonic() + HEALTH_TIMEOUT_SECONDS
         while not _healthy(server.url):
@@ -150,13 +162,25 @@ def vllm_server() -> Iterator[VllmServer]:
             if time.monotonic() > deadline:
                 pytest.fail(f"vLLM not healthy within {HEALTH_TIMEOUT_SECONDS:.0f} s:\n{server.log_tail()}")
             time.sleep(1.0)
-        STAGES.append((f"vLLM server start-up (DP {DP_SIZE}, pid {proc.pid})", time.monotonic() - t1))
+        STAGES.append((f"{label} start-up (DP {dp_size}, pid {proc.pid})", time.monotonic() - t1))
         print(f"\nvLLM: {shlex.join(cmd)}\nlog: {log}", file=sys.stderr)
         yield server
     finally:
         t2 = time.monotonic()
         _stop(proc)
-        STAGES.append(("vLLM server shutdown", time.monotonic() - t2))
+        STAGES.append((f"{label} shutdown", time.monotonic() - t2))
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    reuse = os.environ.get("PROGROUTER_VLLM_URL")
+    if reuse:
+        if not _healthy(reuse.rstrip("/")):
+            pytest.fail(f"PROGROUTER_VLLM_URL={reuse} is not healthy")
+        yield VllmServer(reuse.rstrip("/"), MODEL_NAME, DP_SIZE, None)
+        return
+    with running_vllm(vllm_command, "vLLM server") as server:
+        yield server
 
 
 @pytest.fixture

@@ -3,10 +3,13 @@
 Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 - the pool only keeps blocks; it never decides which request gets what (that is the KVCacheManager);
 - a block with ``ref_cnt == 0`` is in the free queue, and only such blocks are; the queue is in eviction
-  order, least recently freed first, so a freed block that still holds a cached prefix lives on as long
-  as possible;
-- a full block that holds computed KV carries its chained hash and is findable in the hash map until the pool
-  hands it out again (eviction), at which point the hash is dropped.
+  order: blocks freed without a cached prefix first (most recently freed first, as vLLM >= 0.11 prepends
+  them), then the rest least recently freed first, so a freed block that still holds a cached prefix lives
+  on as long as possible;
+- a full block that holds computed KV carries its chained hash until the pool hands it out again (eviction),
+  at which point the hash is dropped. Two blocks may hold the same hash (a fully cached prompt recomputes
+  its last block into a new one): as in vLLM both are cached copies, the first is the one lookups find, and
+  when it is evicted the next copy takes its place.
 """
 
 from __future__ import annotations
@@ -46,19 +49,21 @@ class KVCacheBlock:
 class BlockPool:
     """``num_blocks`` blocks; free ones in an O(1) LRU queue, cached ones in a hash map.
 
-    The free queue starts as every block in id order. Blocks nobody has taken yet are that queue's head and
-    exist only as a count (``_fresh``, the next never-used id) until they are taken: a fleet-size Rank of
-    millions of tokens costs nothing until it fills, and the eviction order is the same.
+    The free queue starts as every block in id order. Blocks nobody has taken yet follow the reused-first
+    blocks and exist only as a count (``_fresh``, the next never-used id) until they are taken: a fleet-size
+    Rank of millions of tokens costs nothing until it fills, and the eviction order is the same.
     """
 
     def __init__(self, num_blocks: int, events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
         self.events = events
         self._blocks: list[KVCacheBlock] = []  # blocks created so far, by id
-        self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: the head of the free queue
+        self._front: list[KVCacheBlock] = []  # freed without a hash, handed out first: the head is the last
+        self._fresh = 0  # blocks [_fresh, num_blocks) were never taken: next in the free queue
         # Then the freed blocks, in eviction order (popitem(last=False) takes the least recently freed).
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict()
-        self._cached: dict[int, KVCacheBlock] = {}
+        self._cached: dict[int, KVCacheBlock] = {}  # hash -> the copy lookups find
+        self._copies: dict[int, list[KVCacheBlock]] = {}  # hash -> further copies, oldest first (rare)
         self.num_evictions = 0
 
     @property
@@ -74,7 +79,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no user, including those that still hold a reusable cached prefix."""
-        return self.num_blocks - self._fresh + len(self._free)
+        return len(self._front) + self.num_blocks - self._fresh + len(self._free)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -94,11 +99,13 @@ class BlockPool:
 
     def free_queue_ids(self) -> list[int]:
         """Block ids in eviction order (for tests and diagnostics)."""
-        return [*range(self._fresh, self.num_blocks), *self._free]
+        front = [b.block_id for b in reversed(self._front)]
+        return [*front, *range(self._fresh, self.num_blocks), *self._free]
 
     def free_before(self, keep: set[int], upto: int) -> int:
         """How many blocks the free queue hands out (up to ``upto``) before one whose id is in ``keep``."""
-        n = min(upto, self.num_blocks - self._fresh)  # never-used blocks hold nothing anyone keeps
+        # reused-first and never-used blocks hold nothing anyone keeps
+        n = min(upto, len(self._front) + self.num_blocks - self._fresh)
         if n < upto:
             for block_id in self._free:
                 if block_id in keep or n >= upto:
@@ -110,15 +117,22 @@ class BlockPool:
         """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
-        fresh = min(n, self.num_blocks - self._fresh)
         out: list[KVCacheBlock] = []
+        front = self._front
+        while front and n:
+            block = front.pop()
+            block.ref_cnt = 1
+            out.append(block)
+            n -= 1
+        fresh = min(n, self.num_blocks - self._fresh)
         if fresh:
             start = self._fresh
             self._fresh += fresh
             self._create(self._fresh)
-            out = self._blocks[start : self._fresh]
-            for block in out:
+            taken = self._blocks[start : self._fresh]
+            for block in taken:
                 block.ref_cnt = 1
+            out += taken
             n -= fresh
         popitem = self._free.popitem
         cached = self._cached
@@ -127,8 +141,7 @@ class BlockPool:
             block = popitem(last=False)[1]
             h = block.block_hash
             if h is not None:
-                if cached.get(h) is block:
-                    del cached[h]
+                self._uncache(block, h, cached)
                 block.block_hash = None
                 self.num_evictions += 1
                 evicted.append(h)
@@ -137,6 +150,19 @@ class BlockPool:
         if evicted and self.events is not None:
             self.events.blocks_removed(evicted)
         return out
+
+    def _uncache(self, block: KVCacheBlock, h: int, cached: dict[int, KVCacheBlock]) -> None:
+        """Drop ``block``'s copy of ``h``; the next copy, if any, becomes the one lookups find."""
+        copies = self._copies.get(h)
+        if cached.get(h) is block:
+            if copies:
+                cached[h] = copies.pop(0)
+            else:
+                del cached[h]
+        elif copies is not None:
+            copies.remove(block)
+        if copies is not None and not copies:
+            del self._copies[h]
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A request reuses cached blocks: take a reference, and pull free ones out of the eviction queue."""
@@ -147,14 +173,21 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, blocks_in_eviction_order: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference from each block; blocks that reach zero join the tail of the free queue."""
+        """Drop one reference from each block; those that reach zero join the free queue: with a cached
+        prefix at its tail, without one (nothing to keep) at its head, in the order given."""
         free = self._free
+        uncached: list[KVCacheBlock] = []
         for block in blocks_in_eviction_order:
             if block.ref_cnt <= 0:
                 raise AssertionError(f"{block!r} freed more often than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                free[block.block_id] = block
+                if block.block_hash is None:
+                    uncached.append(block)
+                else:
+                    free[block.block_id] = block
+        if uncached:
+            self._front += reversed(uncached)
 
     def cache_full_blocks(
         self,
@@ -166,10 +199,10 @@ class BlockPool:
     ) -> None:
         """Register ``blocks[start:end]`` (now full of computed tokens) under their chained hashes.
 
-        If another block already holds the same hash (two requests computed the same prefix in the same
-        step), the first one stays the findable copy; the duplicate is an ordinary block. The event sink
-        hears of every run of newly registered blocks, with its parent's hash and (``token_ids(i)`` of
-        block ``i``) its tokens.
+        If another block already holds the same hash (a recomputed last block, or two requests that computed
+        the same prefix in the same step), this one becomes a further copy: the first stays the one lookups
+        find. The event sink hears of every run of newly registered blocks, copies included (vLLM reports
+        them too), with its parent's hash and (``token_ids(i)`` of block ``i``) its tokens.
         """
         cached = self._cached
         registered: list[int] = []
@@ -177,10 +210,12 @@ class BlockPool:
             block = blocks[i]
             if block.block_hash is None:
                 h = block_hashes[i]
-                if h not in cached:
-                    block.block_hash = h
+                block.block_hash = h
+                if h in cached:
+                    self._copies.setdefault(h, []).append(block)
+                else:
                     cached[h] = block
-                    registered.append(i)
+                registered.append(i)
         if registered and self.events is not None:
             self._report_stored(registered, block_hashes, token_ids)
 
@@ -203,7 +238,11 @@ class BlockPool:
             return False
         for block in self._cached.values():
             block.block_hash = None
+        for copies in self._copies.values():
+            for block in copies:
+                block.block_hash = None
         self._cached.clear()
+        self._copies.clear()
         if self.events is not None:
             self.events.all_cleared()
         return True

@@ -1,10 +1,13 @@
 """vLLM's KV events, sans-I/O: the ``--kv-events-config`` model, the pool's event sink, the wire format.
 
 vLLM (``vllm/distributed/kv_events.py``) publishes, per DP Rank and per engine step that changed the prefix
-cache, one msgpack ``KVEventBatch``: the array ``[ts, events]`` plus ``data_parallel_rank`` when set, each
-event a tagged array ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-medium]``, ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. Every batch gets the next
-sequence number of its Rank (from 0) and stays in a replay buffer of ``buffer_steps`` batches. The sockets
+cache, one msgpack ``KVEventBatch``: the array ``[ts, events]`` plus ``data_parallel_rank`` when set. Since
+vLLM 0.11 each event is a map tagged by ``type`` (older vLLM sent tagged arrays): ``{"type": "BlockStored",
+"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+"extra_keys", "group_idx", "kv_cache_spec_kind"}``, ``{"type": "BlockRemoved", "block_hashes": [one hash],
+"medium", "group_idx"}`` per evicted block, or ``{"type": "AllBlocksCleared"}``. Hashes are unsigned 64-bit
+integers (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, the default). Every batch gets the next sequence number of
+its Rank (from 0) and stays in a replay buffer of ``buffer_steps`` batches. The sockets
 (``kv_events_publisher.py``) are the shell's; this module decides what goes on them.
 """
 
@@ -18,6 +21,8 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for blocks in the GPU prefix cache (the only tier the emulator has)
+FULL_ATTENTION = "full_attention"  # the KV cache spec of the one group the emulator has (group 0)
+HASH_MASK = (1 << 64) - 1  # vLLM publishes block hashes as unsigned 64-bit integers
 END_SEQ = -1  # the replay socket's "no more batches" sequence number
 
 
@@ -70,30 +75,50 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
 
 
 class KVEventRecorder:
-    """The block pool's event sink for one Rank: collects the events of the current step as wire arrays."""
+    """The block pool's event sink for one Rank: collects the events of the current step as vLLM's maps.
+
+    The emulator has no LoRA, multimodal inputs or second KV group, so ``lora_*`` are None, ``group_idx`` is
+    0 and ``extra_keys`` holds None per block (vLLM puts a cache salt there; the emulator's hashes cover the
+    salt, its events do not carry it)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.pending: list[list[Any]] = []
+        self.pending: list[dict[str, Any]] = []
 
     def blocks_stored(self, block_hashes: list[int], parent_hash: int | None, token_ids: list[int]) -> None:
         self.pending.append(
-            ["BlockStored", block_hashes, parent_hash, token_ids, self.block_size, None, MEDIUM_GPU]
+            {
+                "type": "BlockStored",
+                "block_hashes": [h & HASH_MASK for h in block_hashes],
+                "parent_block_hash": None if parent_hash is None else parent_hash & HASH_MASK,
+                "token_ids": token_ids,
+                "block_size": self.block_size,
+                "lora_id": None,
+                "medium": MEDIUM_GPU,
+                "lora_name": None,
+                "extra_keys": [None] * len(block_hashes),
+                "group_idx": 0,
+                "kv_cache_spec_kind": FULL_ATTENTION,
+            }
         )
 
     def blocks_removed(self, block_hashes: list[int]) -> None:
-        self.pending.append(["BlockRemoved", block_hashes, MEDIUM_GPU])
+        """One event per evicted block, in eviction order, as vLLM sends them."""
+        self.pending.extend(
+            {"type": "BlockRemoved", "block_hashes": [h & HASH_MASK], "medium": MEDIUM_GPU, "group_idx": 0}
+            for h in block_hashes
+        )
 
     def all_cleared(self) -> None:
-        self.pending.append(["AllBlocksCleared"])
+        self.pending.append({"type": "AllBlocksCleared"})
 
-    def take(self) -> list[list[Any]]:
+    def take(self) -> list[dict[str, Any]]:
         """The events since the last call (the step's batch), in the order they happened."""
         events, self.pending = self.pending, []
         return events
 
 
-def encode_batch(ts: float, events: list[list[Any]], rank: int | None) -> bytes:
+def encode_batch(ts: float, events: list[dict[str, Any]], rank: int | None) -> bytes:
     """One ``KVEventBatch`` in vLLM's msgpack layout (``data_parallel_rank`` omitted when None)."""
     batch: list[Any] = [float(ts), events] if rank is None else [float(ts), events, rank]
     return msgpack.packb(batch, use_bin_type=True)  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ from progrouter.program.observer import SchedulerObserver
 from progrouter.program.outcomes import Outcome, ProgramDispatch
 from progrouter.program.pool import RequestPool
 from progrouter.program.queues import RankQueues
+from progrouter.program.residency import ResidencyBook
 from progrouter.program.resume import ForceResumeWork
 from progrouter.program.state import Program, ProgramTable
 from progrouter.program.timers import Timers
@@ -43,6 +44,7 @@ class Core:
         "pool",
         "pool_targets",
         "queues",
+        "residency",
         "table",
         "target_pools",
         "targets",
@@ -73,6 +75,7 @@ class Core:
         self.binder = Binder(config, cache_index)
         self.timers = Timers()
         self.lineage = ProgramLineage()
+        self.residency = ResidencyBook()  # residency.py's: what each Rank holds of each Program's prompt
         self.factors: dict[str, RankFactors] = {}
         self.pool_targets: dict[str, list[str]] = {}  # model pool -> sorted live target ids
         self.targets: dict[str, Target] = {}  # every live target id of any pool

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from progrouter.program import residency
 from progrouter.program.ledger import RankAccount, program_private_tokens
 from progrouter.program.lifecycle import future_relief
 from progrouter.program.policy import CapacityAccountingSource, fitted_acting_ttl_for_rank, observation_fresh
@@ -257,6 +258,7 @@ def _program(core: Core, program: Program, now: float) -> dict[str, Any]:
         "last_target": program.last_target,
         "placement": program.placement,
         "estimated_context_tokens": program.estimated_context_tokens,
+        "resident_tokens": residency.diagnostic(core, program),  # what its Rank's KV events say it holds
         "shared_prefix_tokens": program.shared_prefix.tokens,
         "shared_prefix_freshness_remaining_seconds": _remaining(program.shared_prefix.fresh_until, now),
         "logical_tokens": program.estimated_context_tokens + decode_buffer,

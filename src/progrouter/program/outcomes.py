@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from progrouter.program.pool import RequestHandle
@@ -19,6 +20,8 @@ class ProgramRequest:
     model_pool: str
     estimated_context_tokens: int
     routing_text: str | None = None
+    # residency_aware: leading tokens of this prompt each Rank with known KV events holds (residency.py)
+    resident_tokens: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig, ResumeOrder
-from progrouter.program import lifecycle, migration
+from progrouter.program import lifecycle, migration, residency
 from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, uncached_tokens
 from progrouter.program.dispatch import dispatch_retained
 from progrouter.program.ledger import required_tokens
@@ -415,9 +415,11 @@ def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
             return  # no destination can take an unforced Program, and the forced ones came first
         source = program.last_target
         assert source is not None
+        if not _forced(program, now) and residency.keeps_source(core, program):
+            continue  # its Rank still holds its prefix: it resumes there cheaply
         if not _source_pressure(view_of(source), core.queues.get(source), program, config, now):
             continue
-        best: tuple[tuple[int, float, int, str], AdmissionPlan] | None = None
+        best: tuple[tuple[int, int, float, int, str], AdmissionPlan] | None = None
         for destination in destinations:
             if destination == source or core.queues.size(destination) != 0:
                 continue
@@ -428,6 +430,7 @@ def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
             if not isinstance(result, AdmissionPlan):
                 continue
             rank_key = (
+                residency.destination_order(core, program, destination),
                 view.waiting,
                 _pressure(config, result),
                 view.active,

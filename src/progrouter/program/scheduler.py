@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program import lifecycle
+from progrouter.program import lifecycle, residency
 from progrouter.program.admission import plan_binding_only
 from progrouter.program.binding import binding_candidates
 from progrouter.program.core import Core
@@ -186,7 +186,7 @@ class ProgramScheduler:
         core.tracked_pools.add(request.model_pool)
         new = program is None
         if program is None:
-            home = self._bind(
+            home = residency.initial_home(core, request) or self._bind(
                 request.model_pool,
                 request.identity.placement_hash_key,
                 request.routing_text,
@@ -195,6 +195,7 @@ class ProgramScheduler:
             )
             program = core.table.materialize(now, request.model_pool, request.identity, home)
         lifecycle.arrived(core, program, request, now, new=new)
+        residency.on_arrival(core, program, request, now)
         handle, deadline = self._retain(program, request, now)
         if not program.active and program.last_target not in core.pool_targets[request.model_pool]:
             self._rebind(program, now)
@@ -344,6 +345,13 @@ class ProgramScheduler:
                 estimated_active_program_tokens=account.est_active_program_tokens,
                 delta_since_checkpoint=account.delta,
             )
+        self._decide(now)
+
+    def observe_residency(self, now: float, reports: Mapping[tuple[str, str], residency.Report]) -> None:
+        """``residency_aware``: per (model pool, Program id), its last prompt's full-block tokens and how many
+        leading tokens of it each Rank with known KV events holds (``residency.py`` decides what changes)."""
+        self._advance(now)
+        residency.apply_report(self._core, reports, now)
         self._decide(now)
 
     # ------------------------------------------------------------------------------------------ outputs

@@ -15,7 +15,7 @@ the parts' own methods and cannot swap a part out.
     Repairing     lifecycle.capacity_repair                                  Pausing + ledger, watermarks
     Queueing      resume: wait, enqueue, requeue, force timer                RankSource + pool, queues, ...
     Dispatching   dispatch, resume.commit_admission                          RankSource + pool, outcomes, ...
-    Scheduling    resume.schedule_target, cross_rank_pass                    Dispatching + queues, agenda
+    Scheduling    resume.schedule_target, cross_rank_pass                    Dispatching + queues, agenda, ...
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from progrouter.program.outcomes import Outcome, ProgramDispatch
     from progrouter.program.pool import RequestPool
     from progrouter.program.queues import RankQueues
+    from progrouter.program.residency import ResidencyBook
     from progrouter.program.resume import ForceResumeWork
     from progrouter.program.state import Program, ProgramTable
     from progrouter.program.timers import Timers
@@ -150,3 +151,5 @@ class Scheduling(Dispatching, Protocol):
     def agenda(self) -> Agenda: ...
     @property
     def pool_targets(self) -> dict[str, list[str]]: ...
+    @property
+    def residency(self) -> ResidencyBook: ...  # residency_aware: the cross-Rank pass's residency rules

@@ -40,6 +40,9 @@ class RankResidency:
     last_heard: float | None = None
     engine_to_key: dict[int, int] = field(default_factory=dict)
     key_count: dict[int, int] = field(default_factory=dict)
+    # Further copies of an engine hash (vLLM stores a recomputed block again under the same hash and removes
+    # each copy on its own): the hash stays resident until its last copy is removed.
+    extra_copies: dict[int, int] = field(default_factory=dict)
     gaps: int = 0
     lost: int = 0  # gaps replay could not fill (the index may miss blocks stored then)
     lag_seconds: float = 0.0
@@ -47,6 +50,7 @@ class RankResidency:
     def clear(self) -> None:
         self.engine_to_key.clear()
         self.key_count.clear()
+        self.extra_copies.clear()
 
 
 class ResidencyIndex:
@@ -98,7 +102,9 @@ class ResidencyIndex:
             if parent_key is None or len(tokens) != len(hashes) * block_size:
                 return  # its parent is not known here (or no tokens): it cannot be matched anyway
             for engine_hash, key in zip(hashes, chain_keys(tokens, block_size, parent_key), strict=True):
-                if engine_hash not in state.engine_to_key:
+                if engine_hash in state.engine_to_key:
+                    state.extra_copies[engine_hash] = state.extra_copies.get(engine_hash, 0) + 1
+                else:
                     state.engine_to_key[engine_hash] = key
                     state.key_count[key] = state.key_count.get(key, 0) + 1
             self._bound(state)
@@ -110,6 +116,11 @@ class ResidencyIndex:
 
     @staticmethod
     def _forget(state: RankResidency, engine_hash: int) -> None:
+        copies = state.extra_copies.pop(engine_hash, 0)
+        if copies > 1:
+            state.extra_copies[engine_hash] = copies - 1
+        if copies:
+            return
         key = state.engine_to_key.pop(engine_hash, None)
         if key is not None:
             n = state.key_count[key] - 1
@@ -121,7 +132,8 @@ class ResidencyIndex:
     def _bound(self, state: RankResidency) -> None:
         excess = len(state.engine_to_key) - self.max_blocks
         if excess > 0:
-            for engine_hash in list(state.engine_to_key)[:excess]:  # the oldest stored
+            for engine_hash in list(state.engine_to_key)[:excess]:  # the oldest stored, every copy
+                state.extra_copies.pop(engine_hash, None)
                 self._forget(state, engine_hash)
 
     def expire(self, now: float) -> None:

@@ -48,6 +48,7 @@ from progrouter.routing.target import Target
 from progrouter.server.dashboard_summary import Summary
 from progrouter.server.event_feed import EventFeed
 from progrouter.server.program_metrics import PrometheusObserver
+from progrouter.server.program_residency import ProgramResidency
 
 log = logging.getLogger("progrouter.program.gate")
 
@@ -146,6 +147,7 @@ class ProgramGate:
         self._observation: asyncio.Task[None] | None = None
         self._last_tick = float("-inf")
         self._wake_at = float("inf")  # when the sleeping driver wakes by itself
+        self.residency = ProgramResidency.from_config(program, registry)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -153,6 +155,8 @@ class ProgramGate:
         self._driver = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
 
     async def stop(self) -> None:
+        if self.residency is not None:
+            await self.residency.stop()
         for task in (self._observation, self._driver):
             if task is not None:
                 task.cancel()
@@ -167,6 +171,8 @@ class ProgramGate:
         """The healthy Ranks; each pool seen so far is served by all of them (a vanished Rank fails over)."""
         gone = {t.id for t in self._targets} - {t.id for t in targets}
         self._targets = list(targets)
+        if self.residency is not None:
+            self.residency.set_targets(self._targets)
         now = time.monotonic()
         for pool in sorted(self._pools):
             self.scheduler.set_targets(pool, self._targets, now)
@@ -210,6 +216,9 @@ class ProgramGate:
             model_pool=pool,
             estimated_context_tokens=estimate.tokens,
             routing_text=routing_text(body) if self._keep_text else None,
+            resident_tokens=None
+            if self.residency is None
+            else self.residency.arrival((pool, found.identity.program_id), body, self._targets),
         )
         handle = self.scheduler.arrive(now, request)
         self._ensure_observation()
@@ -342,6 +351,8 @@ class ProgramGate:
             if now < wake_at:
                 continue  # woken early by new work: recompute the deadline
             self._last_tick = now
+            if self.residency is not None and now >= next_tick:
+                self.scheduler.observe_residency(now, self.residency.report(self._targets))
             self.scheduler.tick(now)
             self._drain(now)
             if now >= next_tick:

@@ -63,8 +63,8 @@ def program_config(data: dict[str, Any], *, where: str = "program config") -> Pr
 def standard_arm(name: str, config: dict[str, Any], hint: Hint = None) -> SimArm:
     """One of the bench's arms (``upstream`` needs a live process and is not simulated)."""
     spec = ARMS.get(name)
-    if spec is None or spec.upstream:
-        known = ", ".join(n for n, a in ARMS.items() if not a.upstream)
+    if spec is None or spec.upstream or spec.residency:  # both need live processes (KV events, the wheel)
+        known = ", ".join(n for n, a in ARMS.items() if not (a.upstream or a.residency))
         raise ValueError(f"unknown arm {name!r} (the simulator knows {known}, plus --variant names)")
     if not spec.program:
         return SimArm(name, Policy(spec.policy), unbounded_kv=spec.unbounded_kv)

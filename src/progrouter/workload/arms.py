@@ -19,7 +19,8 @@ class ArmSpec:
     binding_only: bool = False
     unbounded_kv: bool = False
     upstream: bool = False
-    kv_events: bool = False  # engines publish vLLM KV events and the router subscribes (kv_aware)
+    kv_events: bool = False  # the engines publish vLLM KV events (Rank r of engine i on its base port + r)
+    residency: bool = False  # the router's Program scheduling reads them (residency_aware; needs kv_events)
 
 
 ARMS: dict[str, ArmSpec] = {
@@ -29,6 +30,7 @@ ARMS: dict[str, ArmSpec] = {
     "kv_aware": ArmSpec("kv_aware", policy="kv_aware", kv_events=True),
     "program": ArmSpec("program", program=True),
     "binding_only": ArmSpec("binding_only", program=True, binding_only=True),
+    "program_residency": ArmSpec("program_residency", program=True, kv_events=True, residency=True),
     "oracle": ArmSpec("oracle", unbounded_kv=True),
     "upstream": ArmSpec("upstream", program=True, upstream=True),
 }
@@ -52,7 +54,7 @@ class EngineFleet:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def argv(self, port: int, num_blocks: int) -> list[str]:
+    def argv(self, port: int, num_blocks: int, extra: tuple[str, ...] = ()) -> list[str]:
         return [
             sys.executable, "-m", "progrouter", "engine",
             "--host", "127.0.0.1", "--port", str(port),
@@ -65,6 +67,7 @@ class EngineFleet:
             "--time-scale", str(self.time_scale),
             "--log-level", "warning",
             *self.extra_args,
+            *extra,
         ]  # fmt: skip
 
 

@@ -9,6 +9,8 @@ Arms (``ARMS``):
 - ``round_robin``: request-level round robin;
 - ``program``: Program scheduling with the given config JSON;
 - ``binding_only``: the same config with ``binding_only: true`` (Program affinity without admission/TTL);
+- ``program_residency``: the same config with ``residency_aware: true``, the emulators publishing their KV
+  events (``--kv-events-config``, IPC) and the router subscribed to them;
 - ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
 - ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
 
@@ -183,9 +185,8 @@ class Bench:
         urls, children = [], []
         try:
             for i, port in enumerate(self.engine_ports):
-                argv = fleet.argv(port, blocks)
-                if arm.kv_events:
-                    argv += kv_events_engine_args(self.event_ports[i])
+                extra = kv_events_engine_args(self.event_ports[i]) if arm.kv_events else ()
+                argv = fleet.argv(port, blocks, extra)
                 child = await Child.start(f"engine {i}", argv, folder / f"engine-{i}.log")
                 children.append(child)
                 urls.append(f"http://127.0.0.1:{port}")
@@ -214,7 +215,7 @@ class Bench:
             "--intra-node-data-parallel-size", str(dp),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
         ]  # fmt: skip
-        if arm.kv_events and isinstance(self.plan.fleet, EngineFleet):
+        if arm.policy == "kv_aware" and isinstance(self.plan.fleet, EngineFleet):
             argv += kv_events_router_args(urls, self.event_ports, self.plan.fleet)
         if arm.upstream and dp > 1:
             argv += ["--api-key", "progrouter-bench"]  # upstream insists on one with DP > 1; any value
@@ -222,6 +223,14 @@ class Bench:
             cfg = dict(self.plan.program_config)
             if arm.binding_only:
                 cfg["binding_only"] = True
+            if arm.residency:
+                assert isinstance(self.plan.fleet, EngineFleet)  # skip_reason: only emulators it starts
+                events = zip(urls, self.event_ports, strict=True)
+                cfg |= {
+                    "residency_aware": True,
+                    "kv_event_sources": {url: f"tcp://127.0.0.1:{base}" for url, base in events},
+                    "kv_event_block_size": self.plan.fleet.block_size,
+                }
             scaled = scaled_program_config(cfg, self.time_scale)
             argv += [
                 "--enable-program-scheduling",

@@ -1,0 +1,179 @@
+"""Program scheduling on exact residency (``residency_aware``): what each Rank really holds, as decisions.
+
+The shell reads each Rank's vLLM KV events into a residency index and reports, per Program, how many
+leading tokens of its last prompt each Rank holds (``ResidencyFacts``): at arrival
+(``ProgramRequest.resident_tokens``) and every observation interval
+(``ProgramScheduler.observe_residency``). Ranks whose events are unknown (no source, silent, never heard)
+are absent, and then the old behaviour holds. The rules:
+
+- **held in vain**: an Acting Program keeps its tokens charged for its TTL so that its KV survives the tool
+  call; once its Rank holds less of its last prompt than a continuous cache hit needs (90 %, as
+  ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
+  ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
+- **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
+  its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
+  move it unless it is forced;
+- **prefer the holder**: a cross-Rank move, and the first binding of a new Program, go to the Rank holding
+  the longest prefix of its prompt. What every Rank holds (a system prompt all share) is no reason to prefer
+  one: a tie at the top leaves the choice to the usual order (binding strategy, cross-Rank ranking).
+
+Functions here only read; ``ResidencyBook`` is the one owner of the facts and drops them with each report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from progrouter.program import lifecycle
+from progrouter.program.policy import CACHE_CONTINUITY_RATIO
+from progrouter.program.state import ProgramState, ProgramStatus
+
+if TYPE_CHECKING:
+    from progrouter.config import ProgramSchedulingConfig
+    from progrouter.program.core import Core
+    from progrouter.program.outcomes import ProgramRequest
+    from progrouter.program.state import Program
+
+
+class Residencies(Protocol):
+    """What the rules read: the switch, the facts and the pools' Ranks (``Core``; the Scheduling view)."""
+
+    @property
+    def config(self) -> ProgramSchedulingConfig: ...
+    @property
+    def residency(self) -> ResidencyBook: ...
+    @property
+    def pool_targets(self) -> dict[str, list[str]]: ...
+
+
+Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyFacts:
+    """Leading tokens of a Program's last prompt held per Rank (target id), known Ranks only, and how many of
+    its tokens are in full blocks (what any Rank could hold at most; 0 when not reported)."""
+
+    resident_tokens: Mapping[str, int]
+    observed_at: float
+    covered_tokens: int = 0
+
+
+class ResidencyBook:
+    """The latest facts per Program. A report replaces them all, so released Programs drop out with it."""
+
+    __slots__ = ("_facts",)
+
+    def __init__(self) -> None:
+        self._facts: dict[Program, ResidencyFacts] = {}
+
+    def get(self, program: Program) -> ResidencyFacts | None:
+        return self._facts.get(program)
+
+    def record(self, program: Program, facts: ResidencyFacts) -> None:
+        self._facts[program] = facts
+
+    def replace(self, facts: dict[Program, ResidencyFacts]) -> None:
+        self._facts = facts
+
+
+def resident_on(facts: ResidencyFacts | None, target_id: str | None) -> int | None:
+    """Tokens of the prompt the Rank holds; None when the Rank (or the Program) is unknown."""
+    if facts is None or target_id is None:
+        return None
+    return facts.resident_tokens.get(target_id)
+
+
+def held_in_vain(program: Program, facts: ResidencyFacts | None) -> bool:
+    """An Acting Program's TTL protects little: its Rank, observed after its last request finished, holds
+    less of its last prompt than a continuous cache hit needs."""
+    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or program.acting_ttl is None:
+        return False
+    held = resident_on(facts, program.placement)
+    finished = program.completions.last_finished_at
+    if held is None or facts is None or finished is None or facts.observed_at < finished:
+        return False
+    return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
+
+
+def stays_home(program: Program, facts: ResidencyFacts | None, target_ids: Iterable[str]) -> bool:
+    """Its last Rank holds more of its prompt than its shared prefix and than any other of ``target_ids``:
+    resuming there costs less prefill than anywhere else."""
+    home = program.last_target
+    return home is not None and holder(facts, target_ids, floor=program.shared_prefix.tokens) == home
+
+
+def holder(facts: ResidencyFacts | None, target_ids: Iterable[str], floor: int = 0) -> str | None:
+    """The one Rank among ``target_ids`` holding most of the prompt, more than ``floor`` tokens and more than
+    every other; None if none does or several tie at the top."""
+    if facts is None:
+        return None
+    best: str | None = None
+    top = runner_up = floor
+    for target_id in target_ids:
+        held = facts.resident_tokens.get(target_id, 0)
+        if held > top:
+            best, top, runner_up = target_id, held, top
+        elif held > runner_up:
+            runner_up = held
+    return best if top > runner_up else None
+
+
+# ------------------------------------------------------------------------------- hooks the core calls
+def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: float) -> None:
+    """A periodic report, per (model pool, Program id): its prompt's full-block tokens and what each known
+    Rank holds of them. It replaces every Program's facts, and an Acting Program held in vain pauses now
+    (``ttl_expired``: its KV is already gone)."""
+    if not core.config.residency_aware:
+        return
+    book: dict[Program, ResidencyFacts] = {}
+    for (model_pool, program_id), (covered, tokens) in reports.items():
+        program = core.table.get(model_pool, program_id)
+        if program is not None:
+            book[program] = ResidencyFacts(tokens, now, covered)
+    core.residency.replace(book)
+    for program in in_vain(core, book):
+        target = program.placement
+        core.observer.event("info", "residency_ttl_end", program=program.redacted, target=target)
+        lifecycle.expire_ttl(core, program, now)
+
+
+def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
+    """The request's own residency report is the Program's freshest."""
+    if core.config.residency_aware and request.resident_tokens is not None:
+        core.residency.record(program, ResidencyFacts(request.resident_tokens, now))
+
+
+def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
+    """A new Program's first Rank: the one holding its prompt's prefix, if any Rank of its pool does."""
+    if not core.config.residency_aware or request.resident_tokens is None:
+        return None
+    facts = ResidencyFacts(request.resident_tokens, 0.0)
+    return holder(facts, core.pool_targets.get(request.model_pool, ()))
+
+
+def keeps_source(core: Residencies, program: Program) -> bool:
+    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
+    if not core.config.residency_aware:
+        return False
+    return stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+
+
+def destination_order(core: Residencies, program: Program, destination: str) -> int:
+    """Sort key of a cross-Rank destination: the more of the prompt it holds, the earlier (0 when off)."""
+    if not core.config.residency_aware:
+        return 0
+    return -(resident_on(core.residency.get(program), destination) or 0)
+
+
+def in_vain(core: Residencies, programs: Iterable[Program]) -> list[Program]:
+    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``), in id order."""
+    book = core.residency
+    return sorted((p for p in programs if held_in_vain(p, book.get(p))), key=lambda p: p.serial)
+
+
+def diagnostic(core: Residencies, program: Program) -> int | None:
+    """Resident tokens on the Program's Rank (placement, else last), for diagnostics; None when unknown."""
+    return resident_on(core.residency.get(program), program.placement or program.last_target)
