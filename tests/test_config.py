@@ -290,6 +290,15 @@ def test_prometheus_port_rejects_other_words() -> None:
         ({"router_temperature": -1}, "router_temperature"),
         ({"kv_aware_session_affinity_ttl_secs": 0}, "kv_aware_session_affinity_ttl_secs"),
         ({"kv_penalty_disk": 1.5}, "kv_penalty_disk"),
+        (
+            {
+                "program_scheduling": {
+                    "residency_aware": True,
+                    "kv_event_sources": {"http://a:1": "tcp://a:5557"},
+                },
+            },
+            "cannot be combined with --policy kv_aware",
+        ),
     ],
 )
 def test_kv_aware_settings_are_checked_as_upstream(fields: dict[str, object], message: str) -> None:

@@ -481,6 +481,15 @@ class RouterConfig(_Strict):
     @model_validator(mode="after")
     def _kv_aware_settings(self) -> RouterConfig:
         """Upstream's rules for kv_aware and its event sources, so a command line means the same."""
+        if (
+            self.policy is Policy.KV_AWARE
+            and self.program_scheduling
+            and self.program_scheduling.residency_aware
+        ):
+            # Each would run its own subscribers, index and kv-events metrics; one shared index is to come.
+            raise ValueError(
+                "residency_aware Program scheduling cannot be combined with --policy kv_aware yet"
+            )
         if self.policy is not Policy.KV_AWARE:
             if self.kv_event_source or self.kv_event_replay_source:
                 raise ValueError("--kv-event-source requires the kv_aware policy")
