@@ -82,3 +82,24 @@ def test_an_unsupported_flag_is_one_line() -> None:
     )
     assert result.returncode == 2
     assert result.stderr.startswith("progrouter epp: --vllm-pd-disaggregation: PD")
+
+
+def test_the_epp_refuses_what_needs_kv_event_subscribers() -> None:
+    """kv_aware and residency-aware scheduling read KV events, which only `serve` subscribes to."""
+    for flags in (
+        ["--policy", "kv_aware", "--worker-urls", "http://127.0.0.1:1"],
+        [
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            '{"residency_aware": true, "kv_event_sources": {"http://127.0.0.1:1": "tcp://127.0.0.1:2"}}',
+        ],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "progrouter", "epp", "--print-envoy-bootstrap", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "not supported by the EPP yet" in result.stderr
+        assert result.stdout == ""

@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 
-from progrouter.config import ConfigError, RouterConfig
+from progrouter.config import ConfigError, Policy, RouterConfig
 from progrouter.server import cli as serve_cli
 
 log = logging.getLogger("progrouter.epp")
@@ -64,6 +64,16 @@ def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
         port=envoy_port,
     )
     return json.dumps(bootstrap, indent=2)
+
+
+def kv_events_refusal(config: RouterConfig) -> str | None:
+    """What this shell cannot run yet: the KV event subscribers start only with `serve`, so kv_aware and
+    residency-aware scheduling would silently fall back to load-only scoring here."""
+    if config.policy is Policy.KV_AWARE:
+        return "--policy kv_aware is not supported by the EPP yet (use progrouter serve)"
+    if config.program_scheduling is not None and config.program_scheduling.residency_aware:
+        return "residency_aware Program scheduling is not supported by the EPP yet (use progrouter serve)"
+    return None
 
 
 async def serve_epp(config: RouterConfig, admin_port: int) -> int:
@@ -118,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         config = serve_cli.config_from_args(args)
     except ConfigError as exc:
         print(f"progrouter epp: {exc}", file=sys.stderr)
+        return 2
+    refused = kv_events_refusal(config)
+    if refused is not None:
+        print(f"progrouter epp: {refused}", file=sys.stderr)
         return 2
     if printing:
         print(bootstrap_text(config, envoy_port))
