@@ -4,7 +4,8 @@ Builds a ``ProgramScheduler`` in-process with ``--programs`` Programs over ``--r
 Program completes one request and stays Paused, as distinct agents leave it), then:
 
 1. renders the snapshot the way the route does (``scheduler.diagnostics`` + ``orjson``) for a few pages and
-   prints, per page, the render time (best and median of ``--repeat``) and the bytes;
+   prints, per page, the render time (best and median of ``--repeat``) and the bytes; the same for the
+   dashboard's summary (Rank aggregates, counts and a page of 50 Programs: all, retained, running);
 2. serves it over HTTP from this process's event loop (uvloop, aiohttp: ``GET /scheduling/diagnostics`` does
    what the router's handler does, ``json_response(scheduler.diagnostics(now, **page))``, and ``GET
    /liveness`` answers at once) and, from two processes of their own, probes ``/liveness`` every 10 ms while
@@ -32,6 +33,7 @@ from progrouter.program.outcomes import Dispatched, ProgramRequest
 from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.types import ProgramIdentity, RequestHints, UsageObservation
 from progrouter.routing.target import Target
+from progrouter.server.dashboard_summary import Summary
 from progrouter.server.errors import json_response
 
 POOL = "program:model:m"
@@ -73,6 +75,16 @@ def render_times(scheduler: ProgramScheduler, now: float, repeat: int) -> None:
             times.append((time.perf_counter() - t0) * 1000)
             listed = sum(len(rank["programs"]) for rank in snapshot["ranks"])
         print(f"{label:>12} {listed:>9} {min(times):>8.1f} {statistics.median(times):>10.1f} {size:>11,}")
+    for state in (None, "retained", "running"):  # the dashboard's push: its summary and one page of 50
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            summary = Summary(scheduler, now)
+            summary.counts()
+            size = len(orjson.dumps(summary.page(0, 50, state)))
+            times.append((time.perf_counter() - t0) * 1000)
+        label = f"summary {state or 'all'}"
+        print(f"{label:>12} {50:>9} {min(times):>8.1f} {statistics.median(times):>10.1f} {size:>11,}")
 
 
 # ------------------------------------------------------------------------------------------------ probes

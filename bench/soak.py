@@ -417,6 +417,15 @@ def summarize(
             f" -> {last.rss:.1f} MB: {growth:.1f} MB per 100,000 distinct Programs after warm-up"
             " (target < 20)"
         )
+        # The bounds fill at different times (the paused cap, then the generation fence of as many released
+        # Programs): the second half of the run shows the growth once all of them are full.
+        half = next(r for r in rows if r.programs >= last.programs // 2)
+        if last.programs > half.programs:
+            late = (last.rss - half.rss) / (last.programs - half.programs) * 100_000
+            print(
+                f"second half: {half.rss:.1f} MB at {half.programs} Programs -> {last.rss:.1f} MB:"
+                f" {late:.1f} MB per 100,000 distinct Programs"
+            )
     fds = [r.fds for r in rows]
     lag = [r.lag_p99 for r in rows if not math.isnan(r.lag_p99)]
     req = [r.req_p99 for r in rows if not math.isnan(r.req_p99)]
