@@ -14,8 +14,8 @@ Modes:
   ones, and native requests.
 - ``overload``: ``--overload-factor`` (10) times more concurrent Programs than the configured capacity
   holds comfortably, each running ``--turns`` turns; reports statuses (429s and their ``Retry-After``),
-  queue waits (``vllm_router_agent_aware_queue_wait_seconds``), the most Programs active on one Rank, and
-  memory.
+  queue waits (``vllm_router_agent_aware_queue_wait_seconds``), the most Programs active on one Rank,
+  memory, and the router's own count of refusals (``progrouter_program_rejections_total`` by reason).
 
     .venv/bin/python bench/soak.py [--mode distinct|steady|overload] [--programs 100000] [--minutes 30]
 """
@@ -445,6 +445,12 @@ def summarize(
             f" peak retained requests {peaks.get('retained_requests', 0):.0f};"
             f" peak RSS {peaks.get('rss_mb', 0):.1f} MB"
         )
+        refused = {
+            s.labels["reason"]: int(s.value)
+            for s in metrics.get("progrouter_program_rejections", [])
+            if s.name.endswith("_total") and s.value
+        }
+        print(f"progrouter_program_rejections_total by reason: {refused}")
 
 
 def main() -> int:
