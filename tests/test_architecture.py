@@ -139,10 +139,11 @@ def test_top_is_a_client_of_the_stream_only() -> None:
     assert not imported, imported
 
 
-def test_only_the_dashboard_summary_reaches_into_the_scheduler() -> None:
-    """The dashboard reads scheduler state in one place, read-only (``dashboard_summary.py``)."""
-    readers = [p.name for p in sorted((SRC / "server").glob("*.py")) if "._core" in p.read_text()]
-    assert readers == ["dashboard_summary.py"], readers
+def test_no_shell_reaches_into_the_scheduler() -> None:
+    """Shells read scheduler state through its API (``diagnostics``, the read-only ``view``), not its core."""
+    outside = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "program"]
+    readers = [str(p.relative_to(SRC)) for p in outside if "._core" in p.read_text()]
+    assert readers == [], readers
 
 
 # What the EPP must never load: Envoy is its proxy, so the aiohttp proxy and the app that wires it stay out.

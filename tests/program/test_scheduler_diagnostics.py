@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from conftest import POOL, T0, T1, Harness
-from progrouter.program.diagnostics import redact
-from progrouter.program.state import ProgramRef
+from progrouter.program.diagnostics import SHOWN_STATES, redact
+from progrouter.program.state import ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)
@@ -135,9 +137,9 @@ def test_identity_free_traffic_leaves_no_trace(harness: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------- read-only
-def _drive(h: Harness, seed: int, *, look: bool) -> list[tuple[str, float, str]]:
+def _drive(h: Harness, seed: int, *, look: Callable[[Harness], None] | None) -> list[tuple[str, float, str]]:
     """A seeded mix of arrivals, completions, cancels, observations and ticks over two Ranks under
-    pressure; ``look`` takes the diagnostics twice after every event. Returns what the scheduler decided."""
+    pressure; ``look`` runs after every event. Returns what the scheduler decided."""
     rng = random.Random(seed)
     handles: list[Any] = []
     for _ in range(400):
@@ -165,28 +167,64 @@ def _drive(h: Harness, seed: int, *, look: bool) -> list[tuple[str, float, str]]
             h.observe({T0: BackendObservation(rng.random(), rng.randint(0, 4), rng.randint(0, 2))})
         else:
             h.tick()
-        if look:
-            h.diagnostics()
-            h.diagnostics()
+        if look is not None:
+            look(h)
     return [
         (pid, d.dispatched_at, d.target.id)
         for pid, d in zip(h.dispatch_order, h.dispatches.values(), strict=True)
     ] + [("timed_out", 0.0, str(handle.id)) for handle in h.timed_out]
 
 
+def _look_twice(h: Harness) -> None:
+    h.diagnostics()
+    h.diagnostics()
+    h.scheduler.view.counts()
+    h.scheduler.view.members("retained", 0, 5)
+
+
+def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
+    """The counted aggregates (no scan of every Program) equal a scan of every Program; ``seen`` counts
+    the cases met."""
+    programs = list(h.scheduler._core.table)
+    for rank in h.diagnostics()["ranks"]:
+        here = [p for p in programs if p.last_target == rank["target_id"]]
+        statuses = Counter(p.status for p in here if p.state is ProgramState.PAUSED)
+        assert rank["router_paused_reasoning_programs"] == statuses[ProgramStatus.REASONING]
+        assert rank["router_paused_acting_programs"] == statuses[ProgramStatus.ACTING]
+        seen.update(s.value for s in statuses.elements())
+    view = h.scheduler.view
+    for state in SHOWN_STATES:
+        members = view.members(state, 0, len(programs))
+        assert sorted(p.serial for p in members) == sorted(
+            p.serial for p in programs if view.shown_state(p) == state
+        )
+        assert view.counts()[state] == len(members)
+    assert view.members(None, 0, len(programs)) == programs
+    seen.update(state for state in SHOWN_STATES if view.counts()[state])
+
+
+CONFIG: dict[str, Any] = {
+    "token_capacity_per_dp_rank": 3000,
+    "max_active_programs_per_target": 4,
+    "stats_window_size": 5,
+    "admission_waiting_request_threshold": 2,
+    "queue_timeout_seconds": 20.0,
+    "force_resume_timeout_seconds": 5.0,
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_counted_aggregates_equal_a_scan_after_every_event(seed: int) -> None:
+    h, seen = Harness([T0, T1], **CONFIG), Counter[str]()
+    _drive(h, seed, look=lambda h: _counts_match_a_scan(h, seen))
+    assert set(seen) == {"reasoning", "acting", *SHOWN_STATES}, seen  # every case was met
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_taking_diagnostics_twice_changes_no_scheduling_outcome(seed: int) -> None:
-    config: dict[str, Any] = {
-        "token_capacity_per_dp_rank": 3000,
-        "max_active_programs_per_target": 4,
-        "stats_window_size": 5,
-        "admission_waiting_request_threshold": 2,
-        "queue_timeout_seconds": 20.0,
-        "force_resume_timeout_seconds": 5.0,
-    }
-    quiet, watched = Harness([T0, T1], **config), Harness([T0, T1], **config)
-    decided = _drive(quiet, seed, look=False)
-    assert decided == _drive(watched, seed, look=True)
+    quiet, watched = Harness([T0, T1], **CONFIG), Harness([T0, T1], **CONFIG)
+    decided = _drive(quiet, seed, look=None)
+    assert decided == _drive(watched, seed, look=_look_twice)
     assert len(decided) > 50  # the scenario does decide things
     assert quiet.diagnostics() == watched.diagnostics()
     assert quiet.observer.events == watched.observer.events

@@ -93,6 +93,7 @@ async def pick(state: RouterState, route: str, headers: Mapping[str, str], raw: 
         try:
             ticket = await gate.acquire(route=route, body=body, raw_body=raw, headers=headers)
         except ScheduleError as exc:
+            gate.rejected(exc)
             raise Refusal(exc.status, str(exc), _snake(type(exc).__name__)) from exc
         if ticket is not None:
             return Pick(state, ticket.target, ticket)

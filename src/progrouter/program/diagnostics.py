@@ -1,15 +1,23 @@
 """What the scheduler shows: the §5.6 snapshot (on demand), gauges and accounting-source changes (on tick).
 
-Nothing here runs on the arrival or completion path. The snapshot is JSON-ready (no infinities), lists every
-known Rank with its capacity, usage, accounting source and rolling statistics, and the Programs attributed to
-it by their last Rank, sorted by redacted id, one page of them at a time (``program_page``); client-chosen ids
-(task, session, agent, parent, root, request) are shown redacted. Gauges carry only target ids and bounded
-enums.
+Nothing here runs on the arrival or completion path, and nothing here costs the event loop time in
+proportion to the live Programs: a snapshot reads each Rank's indexes (its Active Programs, bounded by
+capacity), the RequestPool (bounded by ``max_pooled_requests``) and one page of Programs, never every Program.
+Paused Programs are counted, not scanned: a Rank's attributed Programs that are not Active are Paused, and a
+Paused+Reasoning Program always has a request in the pool (it turns Paused+Acting when its last one leaves),
+so the pool finds those. The snapshot is JSON-ready (no infinities), lists every known Rank with its
+capacity, usage, accounting source and rolling statistics, and the Programs attributed to it by their last
+Rank in the order they came to it, one page of them at a time (``program_page``); client-chosen ids (task,
+session, agent, parent, root, request) are shown redacted. Gauges carry only target ids and bounded enums.
+``SchedulerView`` is the same read-only access for the shell's summaries (the dashboard).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from progrouter.program import residency
@@ -95,11 +103,12 @@ class _Pager:
     def __init__(self, offset: int, limit: int) -> None:
         self.offset, self.limit, self.seen = offset, limit, 0
 
-    def take(self, programs: list[Program]) -> list[Program]:
+    def take(self, programs: dict[Program, None]) -> list[Program]:
+        """This Rank's share of the page: O(offset + limit), whatever the number of Programs."""
         start = max(0, self.offset - self.seen)
         stop = max(start, self.offset + self.limit - self.seen)
         self.seen += len(programs)
-        return programs[start:stop]
+        return list(itertools.islice(programs, start, stop)) if start < len(programs) else []
 
 
 def redact(value: str | None) -> str | None:
@@ -113,7 +122,8 @@ def snapshot(core: Core, now: float, *, offset: int = 0, limit: int = DEFAULT_PR
     """The §5.6 snapshot; Program entries are paged (``offset``/``limit`` over all Ranks' lists)."""
     config = core.config
     pager = _Pager(offset, min(limit, MAX_PROGRAM_PAGE))
-    ranks = [_rank(core, target_id, now, pager) for target_id in sorted(core.targets)]
+    paused_reasoning = _paused_reasoning(core)
+    ranks = [_rank(core, target_id, now, paused_reasoning, pager) for target_id in sorted(core.targets)]
     return {
         "enabled": True,
         "binding_only": config.binding_only,
@@ -129,7 +139,19 @@ def snapshot(core: Core, now: float, *, offset: int = 0, limit: int = DEFAULT_PR
     }
 
 
-def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, Any]:
+def _paused_reasoning(core: Core) -> Counter[str]:
+    """Paused+Reasoning Programs per last Rank, found through the pool (see the module docstring)."""
+    counts: Counter[str] = Counter()
+    for program in core.pool.programs():
+        if program.state is ProgramState.PAUSED and program.status is ProgramStatus.REASONING:
+            counts[program.last_target or ""] += 1
+    return counts
+
+
+def _rank(
+    core: Core, target_id: str, now: float, paused_reasoning: Counter[str], pager: _Pager | None
+) -> dict[str, Any]:
+    """One Rank's entry; with no ``pager`` its aggregates only (no ``programs`` list)."""
     config = core.config
     target = core.targets[target_id]
     ledger = core.ledger
@@ -141,11 +163,11 @@ def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, An
     age = ledger.observation_age(target_id, now)
     checkpoint = account.checkpoint
     native = account.native_used_tokens
-    attributed = sorted(rank.attributed, key=lambda p: p.redacted)
     queue = core.queues.get(target_id)
     queued = [] if queue is None else queue.ordered()
-    paused = [p for p in attributed if p.state is ProgramState.PAUSED]
-    return {
+    paused = len(rank.attributed) - rank.active_count
+    reasoning_paused = paused_reasoning[target_id]
+    entry: dict[str, Any] = {
         "target_id": target_id,
         "base_url": target.base_url,
         "dp_rank": target.dp_rank,
@@ -170,8 +192,8 @@ def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, An
         "router_active_programs": rank.active_count,
         "router_active_reasoning_programs": len(rank.reasoning),
         "router_active_acting_programs": len(rank.acting),
-        "router_paused_reasoning_programs": sum(p.status is ProgramStatus.REASONING for p in paused),
-        "router_paused_acting_programs": sum(p.status is ProgramStatus.ACTING for p in paused),
+        "router_paused_reasoning_programs": reasoning_paused,
+        "router_paused_acting_programs": paused - reasoning_paused,
         "router_in_flight_requests": sum(p.in_flight for p in rank.active()),
         "router_queued_programs": len(queued),
         # a forced resume holds this Rank past its limits: further overdue waiters go when it leaves
@@ -184,8 +206,73 @@ def _rank(core: Core, target_id: str, now: float, pager: _Pager) -> dict[str, An
         "observation_fresh": age is not None and observation_fresh(age, config.metrics_interval_seconds),
         "capacity_accounting_source": ledger.source(target_id, now).value,
         "rolling": _rolling(core, core.factors.get(target_id)),
-        "programs": [_program(core, p, now) for p in pager.take(attributed)],
     }
+    if pager is not None:
+        entry["programs"] = [_program(core, p, now) for p in pager.take(rank.attributed)]
+    return entry
+
+
+#: How a summary shows a Program: running (Active on a Rank), pooled (Paused with requests waiting in the
+#: pool) or retained (Paused and idle).
+SHOWN_STATES = ("running", "retained", "pooled")
+
+
+class SchedulerView:
+    """Read-only access to the scheduler's state for the shell's summaries (the dashboard): Rank aggregates,
+    counts by shown state and pages of Programs, each without a scan of every Program."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    @property
+    def programs(self) -> int:
+        return len(self._core.table)
+
+    @property
+    def retained_requests(self) -> int:
+        return len(self._core.pool)
+
+    def ranks(self, now: float) -> list[dict[str, Any]]:
+        """Every known Rank's snapshot entry, without its Programs."""
+        core = self._core
+        paused_reasoning = _paused_reasoning(core)
+        return [_rank(core, t, now, paused_reasoning, None) for t in sorted(core.targets)]
+
+    def waiting(self, program: Program) -> int:
+        """Requests of ``program`` waiting in the pool."""
+        return self._core.pool.waiting(program)
+
+    def shown_state(self, program: Program) -> str:
+        if program.state is ProgramState.ACTIVE:
+            return "running"
+        return "pooled" if self._core.pool.waiting(program) else "retained"
+
+    def counts(self) -> dict[str, int]:
+        """Programs per shown state: the running and pooled ones are listed, the rest are retained."""
+        running, pooled = len(self._running()), len(self._pooled())
+        return {"running": running, "retained": len(self._core.table) - running - pooled, "pooled": pooled}
+
+    def members(self, state: str | None, start: int, stop: int) -> list[Program]:
+        """Programs ``start``…``stop`` of all (in creation order) or of one shown state: O(stop) at most."""
+        chosen: Iterable[Program]
+        if state == "running":
+            chosen = self._running()
+        elif state == "pooled":
+            chosen = self._pooled()
+        elif state == "retained":
+            chosen = (p for p in self._core.table if self.shown_state(p) == "retained")
+        else:
+            chosen = self._core.table
+        return list(itertools.islice(chosen, start, stop))
+
+    def _running(self) -> list[Program]:
+        core = self._core
+        return [p for t in sorted(core.targets) for p in core.table.peek_rank(t).active()]
+
+    def _pooled(self) -> list[Program]:
+        return [p for p in self._core.pool.programs() if p.state is ProgramState.PAUSED]
 
 
 def _rolling(core: Core, factors: RankFactors | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,10 @@ class RequestPool:
     def __len__(self) -> int:
         """Retained requests across all Programs (diagnostics' ``retained_requests``)."""
         return len(self._owner)
+
+    def programs(self) -> Iterable[Program]:
+        """The Programs with requests waiting (for diagnostics only); at most ``max_pooled_requests``."""
+        return self._fifos.keys()
 
     def new_handle(self, program: Program) -> RequestHandle:
         ref = program.ref

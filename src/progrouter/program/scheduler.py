@@ -24,6 +24,7 @@ from progrouter.program.binding import binding_candidates
 from progrouter.program.core import Core
 from progrouter.program.diagnostics import (
     DEFAULT_PROGRAM_PAGE,
+    SchedulerView,
     publish_gauges,
     report_accounting_sources,
     snapshot,
@@ -367,6 +368,11 @@ class ProgramScheduler:
         self, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE
     ) -> dict[str, Any]:
         return snapshot(self._core, now, offset=offset, limit=limit)
+
+    @property
+    def view(self) -> SchedulerView:
+        """Read-only access for the shell's summaries (the dashboard)."""
+        return SchedulerView(self._core)
 
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:

@@ -234,6 +234,10 @@ class ProgramGate:
             return ProgramTicket(self, outcome.dispatch, estimate)
         raise QueueTimeout()
 
+    def rejected(self, error: ScheduleError) -> None:
+        """The proxy answered ``error`` for a request: count it (``progrouter_program_rejections_total``)."""
+        self.observer.rejected(error)
+
     def shed_waiting(self) -> int:
         """Drain: withdraw every request still waiting for a Rank and answer it ``Draining``; how many."""
         now = time.monotonic()

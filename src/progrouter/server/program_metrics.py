@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from progrouter.program.observer import LogLevel
+from progrouter.program.types import InvalidIdentity, NoTargets, PoolFull, QueueTimeout, ScheduleError
 from progrouter.server.event_feed import EventFeed
 from progrouter.server.quantiles import QuantileSummary
 
@@ -151,6 +152,16 @@ METRICS: Mapping[str, MetricSpec] = {
     ),
 }
 
+#: Why Program scheduling refused a request (``progrouter_program_rejections_total{reason}``); any other
+#: ``ScheduleError`` (the drain's) counts as ``draining``.
+REJECTION_REASONS: Mapping[type[ScheduleError], str] = {
+    PoolFull: "pool_full",  # 429: max_pooled_requests waiting already
+    QueueTimeout: "queue_timeout",  # 429: waited past queue_timeout_seconds (or its deadline hint)
+    InvalidIdentity: "invalid_identity",  # 400
+    NoTargets: "no_targets",  # 503
+}
+OTHER_REJECTION = "draining"  # 503: the router is shutting down
+
 _LEVELS: Mapping[str, int] = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
@@ -210,6 +221,15 @@ class PrometheusObserver:
             else:
                 metric = Histogram(full, spec.help, spec.labels, buckets=spec.buckets, registry=registry)
             self._metrics[name] = metric
+        # Ours, beside upstream's table: every reason's series exists from the start (at 0).
+        rejections = Counter(
+            "progrouter_program_rejections",
+            "Requests Program scheduling refused, by reason (pool_full and queue_timeout answer 429)",
+            ("reason",),
+            registry=registry,
+        )
+        reasons = (*REJECTION_REASONS.values(), OTHER_REJECTION)
+        self._rejections = {reason: rejections.labels(reason) for reason in reasons}
 
     # ---------------------------------------------------------------------------------- SchedulerObserver
     def transition(self, target: str, reason: str) -> None:
@@ -251,6 +271,10 @@ class PrometheusObserver:
             self.log.log(
                 numeric, "event=%s%s", name, _Fields(fields), extra={"event": name, "fields": fields}
             )
+
+    def rejected(self, error: ScheduleError) -> None:
+        """Count a refused request by its reason (a bounded label: the kind of error, never its text)."""
+        self._rejections[REJECTION_REASONS.get(type(error), OTHER_REJECTION)].inc()
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def forget_target(self, target: str) -> None:

@@ -124,6 +124,9 @@ class AvailableTargetsGate:
     def diagnostics(self, **page: int) -> dict[str, Any]:
         return self._gate.diagnostics(**page)
 
+    def rejected(self, error: ScheduleError) -> None:
+        self._gate.rejected(error)
+
     def shed_waiting(self) -> int:
         return self._gate.shed_waiting()
 
@@ -351,6 +354,7 @@ async def _acquire(call: _Call, body: Mapping[str, Any] | None) -> ProgramTicket
         headers = call.request.headers
         return await gate.acquire(route=call.route, body=body, raw_body=call.raw, headers=headers)
     except ScheduleError as exc:
+        gate.rejected(exc)
         raise Refused(exc.status, str(exc), "program_scheduling", retryable=False) from exc
 
 
