@@ -27,9 +27,15 @@ from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.dashboard import install_dashboard
 from progrouter.server.errors import json_errors
 from progrouter.server.gate import build_program_gate
-from progrouter.server.health import HealthChecker
 from progrouter.server.prefix_index import evict_periodically
-from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState, build_state
+from progrouter.server.state import (
+    CONFIG_KEY,
+    REGISTRY_KEY,
+    STATE_KEY,
+    RouterState,
+    attach_health_checker,
+    build_state,
+)
 from progrouter.server.status import add_status_routes, metrics_app
 
 STOP_GRACE_SECONDS = 1.0
@@ -126,16 +132,7 @@ async def start_epp(
         state.refresh_candidates()
         if state.gate is not None:
             await state.gate.start()
-        auth = {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
-        state.checker = checker = HealthChecker(
-            state.health,
-            state.session,
-            endpoint=config.health_check_endpoint,
-            interval=config.health_check_interval_secs,
-            timeout=config.health_check_timeout_secs,
-            headers=auth,
-            on_change=state.refresh_candidates,
-        )
+        checker = attach_health_checker(state)
         running._tasks.append(asyncio.create_task(checker.run(), name="progrouter-epp-health"))
         if state.cache_index is not None:
             evict = evict_periodically(state.cache_index, config.eviction_interval_secs)

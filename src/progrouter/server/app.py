@@ -23,19 +23,21 @@ from progrouter.server.dashboard import install_dashboard
 from progrouter.server.edge import install_edge
 from progrouter.server.errors import json_error, json_response
 from progrouter.server.gate import build_program_gate
-from progrouter.server.health import HealthChecker
 from progrouter.server.limiter import InboundLimiter
 from progrouter.server.prefix_index import evict_periodically
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
 from progrouter.server.retry import RetryPolicy
-from progrouter.server.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, RouterState, build_state
+from progrouter.server.state import (
+    CONFIG_KEY,
+    REGISTRY_KEY,
+    STATE_KEY,
+    RouterState,
+    attach_health_checker,
+    build_state,
+)
 from progrouter.server.status import add_status_routes
 
 log = logging.getLogger("progrouter.router")
-
-
-def _auth_headers(config: RouterConfig) -> dict[str, str]:
-    return {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -112,15 +114,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.refresh_candidates()
     if state.gate is not None:
         await state.gate.start()
-    state.checker = checker = HealthChecker(
-        state.health,
-        state.session,
-        endpoint=config.health_check_endpoint,
-        interval=config.health_check_interval_secs,
-        timeout=config.health_check_timeout_secs,
-        headers=_auth_headers(config),
-        on_change=state.refresh_candidates,
-    )
+    checker = attach_health_checker(state)
     tasks = [asyncio.create_task(checker.run(), name="progrouter-health")]
     if state.cache_index is not None:
         tasks.append(

@@ -137,6 +137,23 @@ def build_state(
     return state
 
 
+def attach_health_checker(state: RouterState) -> HealthChecker:
+    """The workers' health checker of every shell: the config's endpoint and timings, the worker key (as
+    upstream sends it), and a changed verdict refreshes the candidate set."""
+    config = state.config
+    assert state.session is not None, "the worker session is opened before the checker"
+    state.checker = HealthChecker(
+        state.health,
+        state.session,
+        endpoint=config.health_check_endpoint,
+        interval=config.health_check_interval_secs,
+        timeout=config.health_check_timeout_secs,
+        headers={} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"},
+        on_change=state.refresh_candidates,
+    )
+    return state.checker
+
+
 STATE_KEY = web.AppKey("progrouter_state", RouterState)
 REGISTRY_KEY = web.AppKey("progrouter_registry", CollectorRegistry)
 CONFIG_KEY = web.AppKey("progrouter_config", RouterConfig)
