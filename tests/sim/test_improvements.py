@@ -99,17 +99,24 @@ def test_weighed_ttl_is_the_spec_ttl_when_off() -> None:
 def test_recompute_cost_gate_moves_fewer_waiters_and_keeps_more_kv() -> None:
     """32 agents with 40-100k-token contexts on four Ranks of 131k tokens (a miss costs 10-40 s on the 32B
     profile): the spec moves a waiter once it has waited a metrics interval, throwing away KV its own Rank
-    still holds; the gate moves only waiters whose KV has turned over or whose wait exceeds the miss."""
-    workload = AgenticWorkload(
-        tasks=32, seed=7, block_size=BLOCK, system_prompt_tokens=4096, start_tokens=LogNormal(40_000, 80_000),
-        max_context_tokens=100_000, compact_tokens=8000,
-    )  # fmt: skip
-    trace = generate_agentic(workload)
+    still holds; the gate moves only waiters whose KV has turned over or whose wait exceeds the miss. Per seed
+    the effect on hit goes either way (seeds 5 and 7 lose ~0.01), so the claim is over six seeds."""
     fleet = replace(FLEET, ranks=4, num_blocks=512)
-    spec = run(trace, {"stats_window_size": 10}, until=900.0, fleet=fleet, concurrent=32)
-    gated = run(
-        trace, {"stats_window_size": 10, "cross_rank_gate": "recompute_cost"}, until=900.0, fleet=fleet,
-        concurrent=32,
-    )  # fmt: skip
-    assert moves(gated) < moves(spec)  # measured: 45 → 32
-    assert hit(gated) > hit(spec)  # 0.316 → 0.355
+    spec_moves = gated_moves = 0
+    spec_hits, gated_hits = [], []
+    for seed in (1, 2, 3, 5, 7, 11):
+        workload = AgenticWorkload(
+            tasks=32, seed=seed, block_size=BLOCK, system_prompt_tokens=4096,
+            start_tokens=LogNormal(40_000, 80_000), max_context_tokens=100_000, compact_tokens=8000,
+        )  # fmt: skip
+        trace = generate_agentic(workload)
+        spec = run(trace, {"stats_window_size": 10}, until=900.0, fleet=fleet, concurrent=32)
+        gated = run(
+            trace, {"stats_window_size": 10, "cross_rank_gate": "recompute_cost"}, until=900.0, fleet=fleet,
+            concurrent=32,
+        )  # fmt: skip
+        spec_moves, gated_moves = spec_moves + moves(spec), gated_moves + moves(gated)
+        spec_hits.append(hit(spec))
+        gated_hits.append(hit(gated))
+    assert gated_moves < spec_moves  # measured: 164 → 118
+    assert sum(gated_hits) > sum(spec_hits)  # mean 0.443 → 0.458
