@@ -180,15 +180,19 @@ async def send(
 async def run_agent(url: str, plan: AgentPlan, tally: Tally, budget: float) -> None:
     """The agent's turns, one after another; a failed turn is simply followed by the next one.
 
-    ``pooled`` and ``streaming`` hang up on the first turn (a Program waits in the pool on its first turn,
-    and the first turn streams when ``first_stream``); ``between_turns`` leaves after half its turns.
+    ``streaming`` hangs up on the first turn (it streams when ``first_stream``); ``pooled`` hangs up on
+    every turn until one of its requests was still waiting when it did (a turn served quickly, because the
+    pool happened to be short then, does not count); ``between_turns`` leaves after half its turns.
     """
     await asyncio.sleep(plan.start_seconds)
+    hung_up_waiting = False
     async with aiohttp.ClientSession() as session:
         for turn in range(plan.turns):
             stream = (turn % 2 == 0) == plan.first_stream
-            hang_up = plan.disconnect in ("pooled", "streaming") and turn == 0
-            await send(
+            hang_up = (plan.disconnect == "streaming" and turn == 0) or (
+                plan.disconnect == "pooled" and not hung_up_waiting
+            )
+            record = await send(
                 session,
                 url,
                 body_for(plan, turn, stream),
@@ -197,6 +201,7 @@ async def run_agent(url: str, plan: AgentPlan, tally: Tally, budget: float) -> N
                 tally=tally,
                 disconnect=plan.disconnect if hang_up else None,
             )
+            hung_up_waiting = hung_up_waiting or record.outcome == "aborted"
             if plan.disconnect == "between_turns" and turn == plan.turns // 2:
                 return  # the agent goes away with its Program active and never comes back
             await asyncio.sleep(plan.think_seconds)

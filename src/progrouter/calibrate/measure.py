@@ -32,6 +32,8 @@ from progrouter.routing.target import Target
 TOKEN_ID_LOW = 100
 TOKEN_ID_HIGH = 4000
 
+IDLE_CONNECTION_SECONDS = 2.0  # below the 5 s keep-alive of vLLM's server
+
 
 class CalibrationError(RuntimeError):
     """The backend cannot be measured; the message says why, for the operator."""
@@ -371,7 +373,10 @@ async def measure(
     target = Target.parse(url)
     tick: ProgressFn = progress or (lambda _n, _d: None)
     scale = plan.time_scale
-    connector = aiohttp.TCPConnector(limit=0)
+    # vLLM's server (uvicorn) closes an idle connection after 5 s; aiohttp keeps one 15 s by default, so a
+    # POST after a longer pause could go out on a connection the server is closing ("Server disconnected",
+    # seen in the real-vLLM tier). Drop idle connections first.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_SECONDS)
     async with aiohttp.ClientSession(connector=connector) as session:
         backend = Backend(session, target, api_key=api_key, timeout=plan.request_timeout_seconds)
         backend.model, max_len = await _discover(backend, model)
