@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from integration.helpers import wait_until
 from progrouter.observe.vllm_metrics import observations_for_targets, parse_vllm_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target, expand_targets
@@ -69,7 +70,11 @@ async def test_program_conversation_hits_the_prefix_cache_on_its_rank(
         assert done
         usage2 = events[-1]["usage"]
         after = await engine_counters(s, vllm_server.url)
-        diag = await diagnostics(s, router.url)
+        # The client may read [DONE] a moment before the router sees the worker's stream end, which is when
+        # the request is completed: wait for that rather than race it.
+        diag = await wait_until(
+            lambda: diagnostics(s, router.url), lambda d: the_program(d)["completed_requests"] == 2, 5.0
+        )
 
     assert usage1["prompt_tokens_details"]["cached_tokens"] == 0
     assert usage2["prompt_tokens"] == 1200
