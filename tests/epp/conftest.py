@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from integration.helpers import BLOCK, CAPACITY, ENGINE_BLOCKS, MODEL
+from integration.helpers import CAPACITY, ENGINE_DEFAULTS
 from progrouter.epp.bootstrap import epp_bootstrap
 from progrouter.epp.envoy import RunningEnvoy, start_envoy
 from progrouter.epp.service import RunningEpp, start_epp
@@ -36,13 +36,7 @@ StackFactory = Callable[..., Awaitable[Stack]]
 
 @pytest.fixture
 def engine_defaults() -> dict[str, Any]:
-    return {
-        "model_name": MODEL,
-        "num_blocks": ENGINE_BLOCKS,
-        "block_size": BLOCK,
-        "max_model_len": CAPACITY,
-        "time_scale": 20.0,
-    }
+    return dict(ENGINE_DEFAULTS)
 
 
 def program_config(**overrides: Any) -> dict[str, Any]:

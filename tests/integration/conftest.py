@@ -10,18 +10,12 @@ from typing import Any
 
 import pytest
 
-from .helpers import BLOCK, CAPACITY, ENGINE_BLOCKS, MODEL, MetricsProxy
+from .helpers import ENGINE_DEFAULTS, MetricsProxy
 
 
 @pytest.fixture
 def engine_defaults() -> dict[str, Any]:
-    return {
-        "model_name": MODEL,
-        "num_blocks": ENGINE_BLOCKS,
-        "block_size": BLOCK,
-        "max_model_len": CAPACITY,
-        "time_scale": 20.0,
-    }
+    return dict(ENGINE_DEFAULTS)
 
 
 @pytest.fixture

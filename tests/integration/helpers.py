@@ -19,6 +19,14 @@ BLOCK = 16
 # One Rank's KV: 188 blocks x 16 = 3008 tokens; the router is told 3000, so both views of capacity agree.
 ENGINE_BLOCKS = 188
 CAPACITY = 3000
+#: The emulator both Program tiers (loopback and through Envoy) run behind the router.
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "model_name": MODEL,
+    "num_blocks": ENGINE_BLOCKS,
+    "block_size": BLOCK,
+    "max_model_len": CAPACITY,
+    "time_scale": 20.0,
+}
 
 
 def words(letter: str, n: int, start: int = 0) -> str:
