@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from progrouter.calibrate.fit import MIN_FIXED_STEP_SECONDS, FitError, fit_decode, fit_prefill
+from progrouter.calibrate.measure import PrefillSample
+from progrouter.calibrate.report import fastest_prefill
 
 PREFILL = (0.066, 0.057, 0.0044)
 DECODE = (0.0106, 0.00042, 1.42e-7)
@@ -101,3 +103,20 @@ def test_to_json_names_every_term() -> None:
     doc = fit_prefill(tokens.tolist(), prefill_truth(tokens).tolist()).to_json()
     assert set(doc["coefficients"]) == {"intercept", "linear", "quadratic"}
     assert doc["samples"] == 3 and len(doc["residuals_seconds"]) == 3
+
+
+def test_the_fastest_repeat_of_each_length_is_fitted() -> None:
+    # A busy host only ever adds to a time to first token: of each length's repeats, one ran undisturbed and
+    # the others were late by up to 8 %. The fastest repeats recover the truth; a fit over all would not.
+    rng = np.random.default_rng(3)
+    samples = []
+    for n in [256, 1024, 2048, 4096, 8192]:
+        true = float(prefill_truth(np.array([n], dtype=float))[0])
+        late = [true * (1 + d) for d in rng.uniform(0.02, 0.08, 2)]
+        samples += [PrefillSample(n, n, 0, s, s) for s in [*late[:1], true, *late[1:]]]
+    fastest = fastest_prefill(samples)
+    assert [s.requested_tokens for s in fastest] == [256, 1024, 2048, 4096, 8192]
+    fit = fit_prefill([s.uncached_tokens for s in fastest], [s.seconds for s in fastest])
+    assert fit.coefficients == pytest.approx(PREFILL, rel=1e-6) and fit.samples == 5
+    everything = fit_prefill([s.uncached_tokens for s in samples], [s.seconds for s in samples])
+    assert everything.coefficients != pytest.approx(PREFILL, rel=0.01)

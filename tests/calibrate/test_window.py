@@ -33,6 +33,14 @@ def test_coalesced_chunks_count_tokens_not_chunks() -> None:
     assert common_window_steps([pts]) == pytest.approx([0.01])
 
 
+def test_one_late_token_moves_the_step_little() -> None:
+    # The last token is read 20 ms late (a busy host): Δtime/Δtokens between the ends would say 0.01105 s.
+    pts = stream(0.0, 0.01, 20)
+    pts[-1] = (pts[-1][0] + 0.02, pts[-1][1])
+    (step,) = common_window_steps([pts])
+    assert step == pytest.approx(0.01, rel=0.03) and step > 0.01
+
+
 def test_no_overlap_falls_back_to_each_whole_stream() -> None:
     steps = common_window_steps([stream(0.0, 0.01, 5), stream(1.0, 0.02, 5)])
     assert steps == pytest.approx([0.01, 0.02])

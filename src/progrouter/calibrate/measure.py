@@ -7,8 +7,9 @@ cached count is checked to be 0). Token ids make every length exact; a server th
 Decode: for each batch size B and per-request context L, B unique prompts are first prefilled once (so the
 timed requests hit their own warm prefix and start decoding in the same engine step), then sent together,
 streamed, each generating N tokens (``min_tokens = max_tokens = N``, ``ignore_eos``). A request's step time
-is ``(t_last_token - t_first_token) / (N - 1)``; the sample is the mean over the batch, with context
-``C = Σ (prompt_i + N/2)`` — the average full context summed over the batch while it decodes.
+is the slope of its token arrival times over the window in which the whole batch decoded; the sample is the
+median over the batch, with context ``C = Σ (prompt_i + N/2)`` — the average full context summed over the
+batch while it decodes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from progrouter.routing.target import Target
 
@@ -191,13 +193,14 @@ class Backend:
         if exact:
             body |= {"min_tokens": max_tokens, "ignore_eos": True}
         url = self._url("/v1/completions")
+        payload = orjson.dumps(body)  # encoded before the clock starts: the client's encoding is no TTFT
         start = time.monotonic()
         first = 0.0
         chunks = 0
         points: list[tuple[float, int]] = []
         usage: dict[str, Any] | None = None
         try:
-            async with self.session.post(url, json=body, headers=self.headers, timeout=self.timeout) as resp:
+            async with self.session.post(url, data=payload, headers=self.headers, timeout=self.timeout) as resp:
                 if resp.status >= 400:
                     raise _RequestRejected(resp.status, await resp.read())
                 async for raw in resp.content:
@@ -502,9 +505,10 @@ def common_window_steps(streams: Sequence[Sequence[tuple[float, int]]]) -> list[
 
     Requests sent together may start decoding a step or two apart (the last one's prefill tail then rides
     in the others' steps) and stop apart. Between the last first-token and the first last-token every step
-    decodes the whole batch, so each request's step is (Δ time) / (Δ tokens) over its points in that window;
-    a request with less than half its tokens there (the batch never really decoded together) falls back to
-    its whole stream.
+    decodes the whole batch, so each request's step is the least-squares slope of time against tokens over
+    its points in that window (every point counts, so one late wake-up of the server or the client at either
+    end moves it little); a request with less than half its tokens there (the batch never really decoded
+    together) falls back to its whole stream.
     """
     w0 = max(pts[0][0] for pts in streams)
     w1 = min(pts[-1][0] for pts in streams)
@@ -513,8 +517,18 @@ def common_window_steps(streams: Sequence[Sequence[tuple[float, int]]]) -> list[
         inside = [p for p in pts if w0 <= p[0] <= w1]
         if len(inside) < 2 or 2 * (inside[-1][1] - inside[0][1]) < pts[-1][1] - pts[0][1]:
             inside = list(pts)
-        out.append((inside[-1][0] - inside[0][0]) / max(1, inside[-1][1] - inside[0][1]))
+        out.append(_slope(inside))
     return out
+
+
+def _slope(points: Sequence[tuple[float, int]]) -> float:
+    """Seconds per token: the least-squares slope of arrival time against the running token count."""
+    n_mean = statistics.fmean(n for _, n in points)
+    t_mean = statistics.fmean(t for t, _ in points)
+    spread = sum((n - n_mean) ** 2 for _, n in points)
+    if spread == 0:
+        return 0.0
+    return sum((n - n_mean) * (t - t_mean) for t, n in points) / spread
 
 
 async def _timed_batch(

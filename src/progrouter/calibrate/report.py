@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from progrouter import __version__
 from progrouter.calibrate.fit import FitResult, fit_decode, fit_prefill
-from progrouter.calibrate.measure import Measurement
+from progrouter.calibrate.measure import Measurement, PrefillSample
 from progrouter.config import ConfigError, ProgramSchedulingConfig, parse_config
 from progrouter.engine.profiles import CALIBRATION_KEYS
 
@@ -31,8 +32,24 @@ ALPHA_NOTE = (
 )
 
 
+def fastest_prefill(samples: Sequence[PrefillSample]) -> list[PrefillSample]:
+    """The fastest repeat of each requested length, in first-seen order.
+
+    Everything that disturbs a time-to-first-token on a busy host (a late wake-up of the server or the
+    client, another tenant's burst) only ever adds to it, so the fastest repeat is the closest to what the
+    engine charged; a mean would fold the host's load into the per-token coefficients.
+    """
+    best: dict[int, PrefillSample] = {}
+    for s in samples:
+        kept = best.get(s.requested_tokens)
+        if kept is None or s.seconds < kept.seconds:
+            best[s.requested_tokens] = s
+    return list(best.values())
+
+
 def fit_measurement(m: Measurement) -> tuple[FitResult, FitResult]:
-    prefill = fit_prefill([s.uncached_tokens for s in m.prefill], [s.seconds for s in m.prefill])
+    fastest = fastest_prefill(m.prefill)
+    prefill = fit_prefill([s.uncached_tokens for s in fastest], [s.seconds for s in fastest])
     decode = fit_decode(
         [s.batch_size for s in m.decode],
         [s.context_tokens for s in m.decode],
