@@ -200,7 +200,8 @@ class Backend:
         points: list[tuple[float, int]] = []
         usage: dict[str, Any] | None = None
         try:
-            async with self.session.post(url, data=payload, headers=self.headers, timeout=self.timeout) as resp:
+            post = self.session.post(url, data=payload, headers=self.headers, timeout=self.timeout)
+            async with post as resp:
                 if resp.status >= 400:
                     raise _RequestRejected(resp.status, await resp.read())
                 async for raw in resp.content:
