@@ -10,10 +10,9 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from integration.helpers import CAPACITY, program_body, words
+from dashboard.conftest import ProgramTurn
 from progrouter.config import RouterConfig
 from progrouter.server.telemetry import setup_telemetry
-from support.factories import EngineFactory, RouterFactory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,18 +32,9 @@ def json_log() -> Iterator[io.StringIO]:
 
 
 async def test_json_lines_carry_request_ids_and_redacted_programs(
-    json_log: io.StringIO,
-    make_engine: EngineFactory,
-    make_router: RouterFactory,
-    client: aiohttp.ClientSession,
+    json_log: io.StringIO, program_turn: ProgramTurn, client: aiohttp.ClientSession
 ) -> None:
-    engine = await make_engine()
-    router = await make_router([engine.url], {"token_capacity_per_dp_rank": CAPACITY})
-    body = program_body("secret-program", words("a", 100), kv_retention_ttl_seconds=0.1)
-    async with client.post(
-        router.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "rid-123"}
-    ) as response:
-        assert response.status == 200
+    _, router = await program_turn("secret-program", "rid-123", kv_retention_ttl_seconds=0.1)
     async with client.post(
         router.url + "/v1/chat/completions", data=b"{", headers={"X-Request-Id": "rid-bad"}
     ):

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from integration.helpers import CAPACITY, program_body, words
+from dashboard.conftest import ProgramTurn
 from progrouter.server import tracing
-from support.factories import EngineFactory, RouterFactory
+from support.factories import RouterFactory
 from support.loopback import serve_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,18 +30,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 async def test_a_program_request_is_one_span_with_its_decision(
-    spans: InMemorySpanExporter,
-    make_engine: EngineFactory,
-    make_router: RouterFactory,
-    client: aiohttp.ClientSession,
+    spans: InMemorySpanExporter, program_turn: ProgramTurn
 ) -> None:
-    engine = await make_engine()
-    router = await make_router([engine.url], {"token_capacity_per_dp_rank": CAPACITY})
-    body = program_body("traced", words("a", 100))
-    async with client.post(
-        router.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "rid-7"}
-    ) as response:
-        assert response.status == 200
+    engine, _ = await program_turn("traced", "rid-7")
     (span,) = [s for s in spans.get_finished_spans() if s.name == tracing.SPAN_NAME]
     attributes = dict(span.attributes or {})
     assert attributes["progrouter.request_id"] == "rid-7"
