@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,21 +42,34 @@ from progrouter.workload.trace import Trace
 
 
 class PoolView:
-    """A Rank's residency as the policy's index would hold it, read from the Rank's block pool."""
+    """A Rank's residency as the policy's index would hold it, read from the Rank's block pool; with
+    ``stale_seconds`` > 0, a copy taken at most that long ago (an event stream that far behind)."""
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, clock: Callable[[], float], stale_seconds: float) -> None:
         self._pool = pool
+        self._clock = clock
+        self._stale = stale_seconds
+        self._copy: Mapping[int, Any] = {}
+        self._taken = -math.inf
 
     @property
     def engine_to_key(self) -> Mapping[int, Any]:
-        return self._pool.cached_map
+        if self._stale <= 0:
+            return self._pool.cached_map
+        now = self._clock()
+        if now - self._taken >= self._stale:
+            self._copy, self._taken = dict.fromkeys(self._pool.cached_map), now
+        return self._copy
 
 
 class PoolIndex:
     """``ResidencyIndex.match`` over the Ranks' block pools (keys are the engine's own block hashes)."""
 
-    def __init__(self, sim: Simulation) -> None:
-        self.ranks = {r.target.id: PoolView(r.core.kv.pool) for r in sim.ranks}
+    def __init__(self, sim: Simulation, stale_seconds: float) -> None:
+        now = sim.clock
+        self.ranks = {
+            r.target.id: PoolView(r.core.kv.pool, lambda: now.now, stale_seconds) for r in sim.ranks
+        }
 
     def match(self, source: str, keys: Sequence[int]) -> int:
         held = self.ranks[source].engine_to_key
@@ -71,10 +85,14 @@ class SimKvAware(KvAwarePolicy):
     """The router's policy with the simulated request's block hashes as its prompt keys."""
 
     def __init__(
-        self, sim: Simulation, settings: KvAwareSettings, pending_seconds: float = PENDING_SECONDS
+        self,
+        sim: Simulation,
+        settings: KvAwareSettings,
+        pending_seconds: float = PENDING_SECONDS,
+        stale_seconds: float = 0.0,
     ) -> None:
         fallback = CacheAwarePolicy(cache_index_for(RouterConfig(worker_urls=[SIM_ENGINE_URL])))  # never used
-        super().__init__(PoolIndex(sim), settings, None, fallback, lambda: sim.clock.now)  # type: ignore[arg-type]
+        super().__init__(PoolIndex(sim, stale_seconds), settings, None, fallback, lambda: sim.clock.now)  # type: ignore[arg-type]
         self._sim = sim
         self.pending = PendingBlocks(pending_seconds)
 
@@ -193,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         name, _, fields = spec.partition("=")
         extra = json.loads(fields)
         pending = extra.pop("pending_seconds", PENDING_SECONDS)
+        stale = extra.pop("stale_seconds", 0.0)
         variant = replace(settings, **extra)
         show(
             f"kv_aware {name}",
-            run(trace, fleet, tasks, lambda sim, v=variant, p=pending: SimKvAware(sim, v, p)),
+            run(trace, fleet, tasks, lambda sim, v=variant, p=pending, s=stale: SimKvAware(sim, v, p, s)),
         )
     if args.rounds:
         outcome, tried = best_sticky(trace, fleet, tasks, args.rounds, args.seed)

@@ -55,3 +55,15 @@ def test_offloaded_tiers_are_not_credited() -> None:
 def test_malformed_batches_are_refused(batch: object) -> None:
     with pytest.raises(ValueError):
         decode_batch(msgpack.packb(batch))
+
+
+def test_a_run_of_removals_is_one_event_in_order() -> None:
+    def removed(h: int) -> dict[str, object]:
+        return {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"}
+
+    sent = [removed(1), ["BlockRemoved", [2, 3], None], removed(4), STORED_MAP, removed(5), removed(6)]
+    _, events = decode_batch(msgpack.packb([1.0, sent]))
+    assert [e[0] for e in events] == ["BlockRemoved", "BlockStored", "BlockRemoved"]
+    assert events[0] == ["BlockRemoved", [1, 2, 3, 4]] and events[2] == ["BlockRemoved", [5, 6]]
+    with pytest.raises(ValueError, match="block hashes"):
+        decode_batch(msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": 7}]]))

@@ -149,9 +149,9 @@ def test_decode_reads_vllms_tagged_maps_and_the_older_tagged_arrays() -> None:
         1.5,
         [
             ["BlockStored", [2**63 + 5], None, [1, 2], 2, None, "GPU"],
-            ["BlockRemoved", [7], "GPU"],
+            ["BlockRemoved", [7]],  # device tier only, so the medium is dropped
             ["AllBlocksCleared"],
-            older,
+            ["BlockRemoved", [8]],
         ],
     )
     # An event type a newer vLLM may add passes through as its tag alone (the index ignores it); an event

@@ -66,8 +66,39 @@ def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
         raise ValueError(f"KV event batch is not msgpack: {exc}") from exc
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
         raise ValueError("KV event batch is not [ts, events, ...]")
-    events = [_as_array(e) for e in batch[1]]
-    return float(batch[0]), [e for e in events if _on_gpu(e)]
+    return float(batch[0]), _device_events(batch[1])
+
+
+def _device_events(raw_events: list[Any]) -> list[list[Any]]:
+    """The device-tier events in the array layout, each run of ``BlockRemoved`` as one
+    ``["BlockRemoved", hashes]`` (every kept event is device-tier, so the medium is dropped).
+
+    An engine evicting for a long prompt sends one ``BlockRemoved`` per block (vLLM does), most of a batch's
+    events: a run of them becomes one event carrying every hash, in order, and a removal sent as a map is
+    read without building its array first (per-event work was the largest part of kv_aware's event CPU)."""
+    events: list[list[Any]] = []
+    removed: list[Any] | None = None  # the hashes of the run of removals being read
+    for raw in raw_events:
+        if type(raw) is dict and raw.get("type") == "BlockRemoved":
+            if raw.get("medium") not in GPU_MEDIA:
+                continue
+            hashes = raw.get("block_hashes")
+        else:
+            event = _as_array(raw)
+            if not _on_gpu(event):
+                continue
+            if event[0] != "BlockRemoved":
+                removed = None
+                events.append(event)
+                continue
+            hashes = event[1] if len(event) > 1 else None
+        if not isinstance(hashes, list):
+            raise ValueError("KV event BlockRemoved has no list of block hashes")
+        if removed is None:
+            removed = []
+            events.append(["BlockRemoved", removed])
+        removed.extend(hashes)
+    return events
 
 
 class KVEventMetrics:
