@@ -27,7 +27,7 @@ import time
 import orjson
 from aiohttp import web
 
-from overhead import _free_port
+from _loopback import free_port
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.outcomes import Dispatched, ProgramRequest
 from progrouter.program.scheduler import ProgramScheduler
@@ -136,7 +136,7 @@ async def over_http(scheduler: ProgramScheduler, now: float, args: argparse.Name
     app.router.add_get("/liveness", liveness)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         quiet = await _probe("/liveness", port, args.seconds / 2, 0.01)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from overhead import _free_port, _tree_cpu, _wait_ready
+from _loopback import free_port, tree_cpu, wait_ready
 from progrouter.epp.bootstrap import epp_bootstrap, round_robin_bootstrap
 from progrouter.epp.envoy import envoy_version, start_envoy
 
@@ -140,7 +140,7 @@ class Row:
 
 
 def _cpu(pid: int | None) -> float:
-    return sum(_tree_cpu(pid)) if pid is not None else 0.0
+    return sum(tree_cpu(pid)) if pid is not None else 0.0
 
 
 def _shell(command: str, workers: list[int], port: int, admin_port: int) -> subprocess.Popen[bytes]:
@@ -149,7 +149,7 @@ def _shell(command: str, workers: list[int], port: int, admin_port: int) -> subp
         "--host", "127.0.0.1",
         "--port", str(port),
         "--policy", "round_robin",
-        "--prometheus-port", str(_free_port()),
+        "--prometheus-port", str(free_port()),
         "--log-level", "warning",
         "--enable-program-scheduling",
     ]  # fmt: skip
@@ -181,10 +181,10 @@ async def arm(name: str, workers: list[int], session: aiohttp.ClientSession) -> 
             envoy = await start_envoy(round_robin_bootstrap([("127.0.0.1", w) for w in workers], **limits))
             yield Arm(envoy.url, None, envoy.process.pid)
             return
-        port, admin = _free_port(), _free_port()
+        port, admin = free_port(), free_port()
         process = _shell("serve" if name == "serve" else "epp", workers, port, admin)
         ready = f"http://127.0.0.1:{port if name == 'serve' else admin}/readiness"
-        await _wait_ready(session, ready)
+        await wait_ready(session, ready)
         if name == "serve":
             yield Arm(f"http://127.0.0.1:{port}", process.pid, None)
             return
@@ -255,13 +255,13 @@ def summarize(runs: list[list[Row]]) -> None:
 
 
 async def bench(requests: int, repeat: int, arms: list[str]) -> None:
-    workers = [_free_port(), _free_port()]
+    workers = [free_port(), free_port()]
     procs = [subprocess.Popen([sys.executable, __file__, "--serve-worker", str(w)]) for w in workers]
     runs: list[list[Row]] = []
     try:
         async with aiohttp.ClientSession() as session:
             for w in workers:
-                await _wait_ready(session, f"http://127.0.0.1:{w}/health")
+                await wait_ready(session, f"http://127.0.0.1:{w}/health")
         for _ in range(repeat):
             run: list[Row] = []
             for name in arms:

@@ -21,7 +21,6 @@ import json
 import os
 import pstats
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,10 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+
+from _loopback import free_port as _free_port
+from _loopback import tree_cpu as _tree_cpu
+from _loopback import wait_ready as _wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / ".venv-upstream" / "bin" / "vllm-router"
@@ -52,12 +55,6 @@ ANSWER = (
     b' "usage": {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}}'
 )
 LOADS = {"plain": lambda _i: PLAIN, "program": program_body}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_worker(port: int) -> None:
@@ -94,43 +91,6 @@ def serve_profiled(out: str, argv: list[str]) -> None:
         pass
     finally:
         profiler.dump_stats(out)
-
-
-def _tree_cpu(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of ``pid`` and its live descendants (upstream's launcher may fork)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        stats[int(entry)] = (int(fields[1]), int(fields[11]) / tick, int(fields[12]) / tick)
-    user = system = 0.0
-    frontier = [pid]
-    while frontier:
-        current = frontier.pop()
-        _, u, s = stats.get(current, (0, 0.0, 0.0))
-        user, system = user + u, system + s
-        frontier.extend(child for child, (parent, _, _) in stats.items() if parent == current)
-    return user, system
-
-
-async def _wait_ready(session: aiohttp.ClientSession, url: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            async with session.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        await asyncio.sleep(0.05)
 
 
 @dataclass

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from overhead import _free_port, _wait_ready
+from _loopback import free_port, wait_ready
 
 MODEL = "soak"
 PREFIX = "vllm_router_agent_aware_"
@@ -75,7 +75,7 @@ class Fleet:
 
 
 def start_fleet(program: dict[str, Any], time_scale: float, log_dir: str) -> Fleet:
-    engine_port, router_port, metrics_port = _free_port(), _free_port(), _free_port()
+    engine_port, router_port, metrics_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     os.makedirs(log_dir, exist_ok=True)
 
@@ -364,8 +364,8 @@ async def run(args: argparse.Namespace) -> None:
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await _wait_ready(session, fleet.url + "/liveness")
-            await _wait_ready(session, fleet.url + "/readiness")
+            await wait_ready(session, fleet.url + "/liveness")
+            await wait_ready(session, fleet.url + "/readiness")
             started = time.monotonic()
             print(
                 f"soak mode={args.mode} router pid {fleet.router.pid},"

@@ -1,0 +1,55 @@
+"""What the loopback benchmarks share: a free port, a process tree's CPU time, waiting for a URL to answer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+
+import aiohttp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` and its live descendants (upstream's launcher may fork)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry)] = (int(fields[1]), int(fields[11]) / tick, int(fields[12]) / tick)
+    user = system = 0.0
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        _, u, s = stats.get(current, (0, 0.0, 0.0))
+        user, system = user + u, system + s
+        frontier.extend(child for child, (parent, _, _) in stats.items() if parent == current)
+    return user, system
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str) -> None:
+    """Poll ``url`` until it answers 200 (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        await asyncio.sleep(0.05)
