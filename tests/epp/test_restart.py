@@ -5,8 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from integration.helpers import program_body, words
-from integration.test_failover import programs
+from integration.helpers import program_body, programs, words
 from progrouter.epp.service import start_epp
 from support.factories import EngineFactory
 

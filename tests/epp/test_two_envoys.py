@@ -9,8 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from integration.helpers import program_body, words
-from integration.test_failover import programs
+from integration.helpers import program_body, programs, words
 from integration.test_program_scheduling import PREFIX
 from support.factories import EngineFactory
 

@@ -29,6 +29,11 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 }
 
 
+def programs(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every Program of a diagnostics snapshot, over all Ranks."""
+    return [p for r in d["ranks"] for p in r["programs"]]
+
+
 def words(letter: str, n: int, start: int = 0) -> str:
     """``n`` three-letter words: 4 bytes per emulator token, as the router's default 0.25 tokens/byte."""
     return " ".join(f"{letter}{(start + i) % 100:02d}" for i in range(n))

@@ -15,8 +15,7 @@ from progrouter.server.drain import drain
 from support.factories import EngineFactory, RouterFactory
 from support.serve import serving
 
-from .helpers import program_body, wait_until, words
-from .test_failover import programs
+from .helpers import program_body, programs, wait_until, words
 from .test_program_scheduling import diagnostics, post, program_config, rank
 
 pytestmark = pytest.mark.timeout(60)
