@@ -9,7 +9,11 @@ Placements (plain requests, no Program scheduling):
   (moving one task at a time while the hit rises) — the best sticky placement this search finds;
 - ``oracle``: ``native`` on Ranks whose KV never runs out (the bench's ``oracle`` arm).
 
-Extra ``kv_aware`` variants: ``--variant NAME=JSON`` with ``KvAwareSettings`` fields.
+Extra ``kv_aware`` variants: ``--variant NAME=JSON`` with ``KvAwareSettings`` fields and these, to model what
+the live router knows: ``pending_seconds`` (how long a routed prefix counts as resident before it is
+announced), ``stale_seconds`` (the residency read is a copy up to that old: an event stream that far behind),
+``unknown_until_stored`` (a Rank that has published nothing yet is unknown, so requests go cache_aware's way
+until every candidate was heard, as live at start-up).
 
     .venv/bin/python bench/kv_placement_bound.py --trace demo.trace.jsonl --num-blocks 2000 [--rounds 2]
 """
@@ -65,14 +69,20 @@ class PoolView:
 class PoolIndex:
     """``ResidencyIndex.match`` over the Ranks' block pools (keys are the engine's own block hashes)."""
 
-    def __init__(self, sim: Simulation, stale_seconds: float) -> None:
+    def __init__(self, sim: Simulation, stale_seconds: float, unknown_until_stored: bool) -> None:
         now = sim.clock
         self.ranks = {
             r.target.id: PoolView(r.core.kv.pool, lambda: now.now, stale_seconds) for r in sim.ranks
         }
+        # As live: a Rank that has published nothing yet (an idle engine sends no events) is unknown.
+        self._unheard = set(self.ranks) if unknown_until_stored else set()
 
-    def match(self, source: str, keys: Sequence[int]) -> int:
+    def match(self, source: str, keys: Sequence[int]) -> int | None:
         held = self.ranks[source].engine_to_key
+        if source in self._unheard:
+            if not held:
+                return None
+            self._unheard.discard(source)
         n = 0
         for key in keys:
             if key not in held:
@@ -90,9 +100,12 @@ class SimKvAware(KvAwarePolicy):
         settings: KvAwareSettings,
         pending_seconds: float = PENDING_SECONDS,
         stale_seconds: float = 0.0,
+        unknown_until_stored: bool = False,
     ) -> None:
-        fallback = CacheAwarePolicy(cache_index_for(RouterConfig(worker_urls=[SIM_ENGINE_URL])))  # never used
-        super().__init__(PoolIndex(sim, stale_seconds), settings, None, fallback, lambda: sim.clock.now)  # type: ignore[arg-type]
+        # the fallback serves Ranks not heard from yet (``unknown_until_stored``), as live
+        fallback = CacheAwarePolicy(cache_index_for(RouterConfig(worker_urls=[SIM_ENGINE_URL])))
+        index: Any = PoolIndex(sim, stale_seconds, unknown_until_stored)  # ResidencyIndex's match and ranks
+        super().__init__(index, settings, None, fallback, lambda: sim.clock.now)
         self._sim = sim
         self.pending = PendingBlocks(pending_seconds)
 
@@ -212,11 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         extra = json.loads(fields)
         pending = extra.pop("pending_seconds", PENDING_SECONDS)
         stale = extra.pop("stale_seconds", 0.0)
+        unheard = extra.pop("unknown_until_stored", False)
         variant = replace(settings, **extra)
-        show(
-            f"kv_aware {name}",
-            run(trace, fleet, tasks, lambda sim, v=variant, p=pending, s=stale: SimKvAware(sim, v, p, s)),
-        )
+
+        def make(sim: Simulation, v: KvAwareSettings = variant, p: float = pending, s: float = stale,
+                 u: bool = unheard) -> SimKvAware:  # fmt: skip
+            return SimKvAware(sim, v, p, s, u)
+
+        show(f"kv_aware {name}", run(trace, fleet, tasks, make))
     if args.rounds:
         outcome, tried = best_sticky(trace, fleet, tasks, args.rounds, args.seed)
         show("sticky_best", outcome, f"({tried} assignments tried)")
