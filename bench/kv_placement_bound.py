@@ -34,6 +34,7 @@ from typing import Any
 from progrouter.config import RouterConfig
 from progrouter.engine.block_pool import BlockPool
 from progrouter.routing.kv_aware import PENDING_SECONDS, KvAwarePolicy, KvAwareSettings, PendingBlocks
+from progrouter.routing.kv_residency import held_prefix
 from progrouter.routing.policies import CacheAwarePolicy, RoutingPolicy, RoutingRequest, cache_index_for
 from progrouter.routing.target import Target
 from progrouter.sim.arms import SimArm
@@ -83,12 +84,7 @@ class PoolIndex:
             if not held:
                 return None
             self._unheard.discard(source)
-        n = 0
-        for key in keys:
-            if key not in held:
-                break
-            n += 1
-        return n
+        return held_prefix(keys, held)
 
 
 class SimKvAware(KvAwarePolicy):

@@ -9,7 +9,7 @@ until its first batch, after it is silent for ``silence_seconds``, and when an i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -24,6 +24,16 @@ def chain_keys(token_ids: Sequence[int], block_size: int, parent: int = ROOT_KEY
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         keys.append(parent)
     return keys
+
+
+def held_prefix(keys: Sequence[int], held: Container[int]) -> int:
+    """How many leading ``keys`` are in ``held``: the resident part of a prompt's chain."""
+    n = 0
+    for key in keys:
+        if key not in held:
+            break
+        n += 1
+    return n
 
 
 class Applied(StrEnum):
@@ -149,13 +159,7 @@ class ResidencyIndex:
         state = self.ranks.get(source)
         if state is None or state.last_heard is None:
             return None
-        held = state.key_count
-        n = 0
-        for key in keys:
-            if key not in held:
-                break
-            n += 1
-        return n
+        return held_prefix(keys, state.key_count)
 
     def size(self) -> int:
         return sum(len(s.engine_to_key) for s in self.ranks.values())
