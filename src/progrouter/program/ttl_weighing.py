@@ -22,6 +22,7 @@ import math
 from typing import TYPE_CHECKING
 
 from progrouter.config import ActingTTLPolicy
+from progrouter.program import ttl_warmup
 from progrouter.program.factors import LogNormalFit
 from progrouter.program.policy import acting_ttl_candidates
 
@@ -108,12 +109,13 @@ def hold_seconds(core: Pausing, program: Program, target_id: str, elapsed_second
         len(core.factors),
         global_queue=config.global_queue,
     )
+    fit = ttl_warmup.continuity_fit(core, target_id)
     hold = weighed_hold_seconds(
-        factors.log_normal_fit(),
+        fit,
         program.last_cache_miss_impact_seconds,
         weight,
         elapsed_seconds,
         config.weighed_ttl_max_seconds,
-        window_complete=factors.continuity_window_complete(),
+        window_complete=fit is not None,
     )
     return min(hold, config.weighed_ttl_check_seconds)
