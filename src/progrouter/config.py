@@ -52,9 +52,9 @@ class CrossRankGate(StrEnum):
     RECOMPUTE_COST = "recompute_cost"  # also: the source's KV is probably gone, or the wait exceeds the miss
 
 
-class TTLWarmup(StrEnum):
-    SPEC = "spec"  # acting TTL 0 until the Rank's own continuity window is complete
-    POOL = "pool"  # until then, the fit of every Rank's continuity samples together, once complete
+class StatsWarmup(StrEnum):
+    SPEC = "spec"  # a Rank's TTL and cross-Rank moves wait for its own windows to be complete
+    POOL = "pool"  # until then, every Rank's samples together stand in once they fill one window
 
 
 class BindingStrategy(StrEnum):
@@ -226,9 +226,9 @@ class ProgramSchedulingConfig(_Strict):
     kv_event_sources: dict[str, str] = Field(default_factory=dict)
     kv_event_replay_sources: dict[str, str] = Field(default_factory=dict)
     kv_event_block_size: int = Field(default=16, ge=1)
-    # Beyond the spec (docs/scheduler.md): the acting TTL of a Rank whose continuity window is still
-    # incomplete, fitted to every Rank's samples together (a tool call's length is the agent's).
-    ttl_warmup: TTLWarmup = TTLWarmup.SPEC
+    # Beyond the spec (docs/scheduler.md): a Rank whose statistics windows are incomplete fits its acting
+    # TTL to every Rank's samples together, and may take part in cross-Rank moves once those fill one window.
+    stats_warmup: StatsWarmup = StatsWarmup.SPEC
 
     @field_validator(
         "weighed_ttl_max_seconds",

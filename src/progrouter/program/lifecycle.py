@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from progrouter.config import ActingTTLPolicy, ProgramSchedulingConfig
-from progrouter.program import ttl_warmup, ttl_weighing
+from progrouter.program import ttl_weighing, warmup
 from progrouter.program.factors import ContinuitySample, RequestSample
 from progrouter.program.ledger import program_private_tokens, required_tokens
 from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
@@ -216,7 +216,7 @@ def _went_idle(
         if hint_ttl is not None:
             arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
         else:
-            ttl = ttl_warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar ttl_warmup
+            ttl = warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar stats_warmup
             if config.acting_ttl_policy is ActingTTLPolicy.WEIGHED:
                 ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
             arm_ttl(core, program, ttl, "fitted", now)

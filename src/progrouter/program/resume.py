@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig, ResumeOrder
-from progrouter.program import lifecycle, migration, residency
+from progrouter.program import lifecycle, migration, residency, warmup
 from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, uncached_tokens
 from progrouter.program.dispatch import dispatch_retained
 from progrouter.program.ledger import required_tokens
@@ -381,8 +381,7 @@ def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
     interval = config.metrics_interval_seconds
 
     def mature(target: str) -> bool:
-        factors = core.factors.get(target)
-        return factors is not None and factors.request_window_complete()
+        return warmup.request_stats_mature(core, target)  # the spec's, bar stats_warmup (warmup.py)
 
     destinations = [t for t in targets if core.queues.size(t) == 0 and mature(t)]
     if not destinations:

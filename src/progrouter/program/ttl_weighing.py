@@ -22,7 +22,7 @@ import math
 from typing import TYPE_CHECKING
 
 from progrouter.config import ActingTTLPolicy
-from progrouter.program import ttl_warmup
+from progrouter.program import warmup
 from progrouter.program.factors import LogNormalFit
 from progrouter.program.policy import acting_ttl_candidates
 
@@ -109,7 +109,7 @@ def hold_seconds(core: Pausing, program: Program, target_id: str, elapsed_second
         len(core.factors),
         global_queue=config.global_queue,
     )
-    fit = ttl_warmup.continuity_fit(core, target_id)
+    fit = warmup.continuity_fit(core, target_id)
     hold = weighed_hold_seconds(
         fit,
         program.last_cache_miss_impact_seconds,

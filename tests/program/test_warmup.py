@@ -1,5 +1,6 @@
-"""The pooled TTL warm-up: the spec's TTL exactly by default; with ``ttl_warmup: "pool"`` a Rank whose own
-continuity window is incomplete uses every Rank's samples together once they fill one window."""
+"""The pooled statistics warm-up: the spec's TTL and cross-Rank maturity exactly by default; with
+``stats_warmup: "pool"`` a Rank whose own window is incomplete uses every Rank's samples together once they
+fill one window."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.factors import ContinuitySample, RankFactors
+from progrouter.program.factors import ContinuitySample, RankFactors, RequestSample
 from progrouter.program.policy import fit_log_normal, fitted_acting_ttl_for_rank
-from progrouter.program.ttl_warmup import continuity_fit, fitted_ttl, pooled_fit
+from progrouter.program.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
 
 WINDOW = 10
 
 
 @dataclass
 class FakeCore:
-    """What ``ttl_warmup`` reads of the core: the config and the per-Rank statistics."""
+    """What ``warmup`` reads of the core: the config and the per-Rank statistics."""
 
     config: ProgramSchedulingConfig
     factors: dict[str, RankFactors] = field(default_factory=dict)
@@ -66,9 +67,9 @@ def test_the_default_is_the_spec_ttl(impact: float) -> None:
 
 
 def test_a_cold_rank_borrows_the_pool_once_it_fills_one_window() -> None:
-    cold = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 4, 2)}, ttl_warmup="pool")
+    cold = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 4, 2)}, stats_warmup="pool")
     assert continuity_fit(cold, "a") is None  # type: ignore[arg-type]  # 9 samples in all: still 0
-    warm = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 3, 2)}, ttl_warmup="pool")
+    warm = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 3, 2)}, stats_warmup="pool")
     fit = continuity_fit(warm, "a")  # type: ignore[arg-type]
     assert fit is not None and fit.samples == WINDOW
     expected = fit_log_normal(gaps(3, 1) + gaps(WINDOW - 3, 2))
@@ -81,19 +82,36 @@ def test_a_cold_rank_holds_for_short_tool_calls_seen_elsewhere() -> None:
     short = [2.0, 3.0, 4.0, 2.5, 3.5, 3.0, 2.0, 4.0, 3.0, 2.5]
     split = {"a": short[:2], "b": short[2:]}
     assert fitted_ttl(core_with(split), "a", 30.0) == 0.0  # type: ignore[arg-type]
-    pooled = fitted_ttl(core_with(split, ttl_warmup="pool"), "a", 30.0)  # type: ignore[arg-type]
+    pooled = fitted_ttl(core_with(split, stats_warmup="pool"), "a", 30.0)  # type: ignore[arg-type]
     mature = fitted_ttl(core_with({"a": short}), "a", 30.0)  # type: ignore[arg-type]
     assert pooled == mature > 3.0
 
 
 def test_a_mature_rank_keeps_its_own_fit() -> None:
     """Pooling is only the warm-up: a Rank with a complete window fits its own samples."""
-    core = core_with({"a": [5.0] * WINDOW, "b": [500.0] * WINDOW}, ttl_warmup="pool")
+    core = core_with({"a": [5.0] * WINDOW, "b": [500.0] * WINDOW}, stats_warmup="pool")
     fit = continuity_fit(core, "a")  # type: ignore[arg-type]
     assert fit is not None and fit.mu == pytest.approx(math.log(5.0)) and fit.samples == WINDOW
 
 
+def with_requests(counts: dict[str, int], **config: object) -> FakeCore:
+    core = core_with({t: [] for t in counts}, **config)
+    for target, n in counts.items():
+        for _ in range(n):
+            core.factors[target].push_request(RequestSample(1000, 10, 0, None, 1.0, None, 0.0, 0, 0.0))
+    return core
+
+
+def test_cross_rank_maturity_borrows_the_pool_only_when_switched_on() -> None:
+    counts = {"a": 2, "b": WINDOW - 2, "c": WINDOW}
+    spec, pooled = with_requests(counts), with_requests(counts, stats_warmup="pool")
+    assert [request_stats_mature(spec, t) for t in ("a", "b", "c", "z")] == [False, False, True, False]  # type: ignore[arg-type]
+    assert [request_stats_mature(pooled, t) for t in ("a", "b", "c", "z")] == [True, True, True, False]  # type: ignore[arg-type]
+    short = with_requests({"a": 2, "b": WINDOW - 3}, stats_warmup="pool")
+    assert not request_stats_mature(short, "a")  # type: ignore[arg-type]
+
+
 def test_the_config_names_the_switch() -> None:
-    assert ProgramSchedulingConfig().ttl_warmup == "spec"
-    with pytest.raises(ValueError, match="ttl_warmup"):
-        ProgramSchedulingConfig(ttl_warmup="rank")
+    assert ProgramSchedulingConfig().stats_warmup == "spec"
+    with pytest.raises(ValueError, match="stats_warmup"):
+        ProgramSchedulingConfig(stats_warmup="rank")

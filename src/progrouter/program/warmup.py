@@ -1,0 +1,87 @@
+"""A Rank's statistics before its own windows are complete (beyond the spec; ``stats_warmup: "pool"``).
+
+The spec's automatic decisions wait for ``stats_window_size`` (100) samples per Rank: the acting TTL is 0
+— pause the moment a request ends — until the Rank's continuity window is complete, and the cross-Rank
+pass moves nobody to or from a Rank whose request window is not. Each Rank fills its windows at its own
+request rate, so a larger fleet at the same load per Rank waits just as long: 5–9 modelled minutes on
+``h200-llama-8b`` at 32 agents per GPU, 18–53 on ``h200-qwen-32b`` at 8. Until then every Program gives
+its KV up the moment its request ends and returns after a 5–15 s tool call to recompute a 100k-token
+context (bench/miss_causes.py: about 6 % of all prompt tokens at the 8B collapse point), and Programs
+that consistent hashing piled onto one Rank wait there while another idles.
+
+A tool call's length is the agent's, not the Rank's, and every Rank of a model pool serves the same
+agents. With ``"pool"`` a Rank whose own window is incomplete borrows every Rank's samples together once
+they number ``stats_window_size``: the TTL fits their intervals (the spec's log-normal, pooled exactly from
+the Ranks' fits: sample counts, means and second moments, one pass over the Ranks), and the cross-Rank pass
+counts the Rank as mature. A Rank with complete windows uses its own, as in the spec; the growth reserve,
+target rounds and force-resume deadlines keep the spec's per-Rank warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from progrouter.config import StatsWarmup
+from progrouter.program.factors import MIN_LOG_SIGMA, LogNormalFit
+from progrouter.program.policy import fitted_acting_ttl_from_fit
+
+if TYPE_CHECKING:
+    from progrouter.program.factors import RankFactors
+    from progrouter.program.views import Pausing, RankSource
+
+
+def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
+    """One log-normal fit of the samples behind ``fits``: the samples' mean and population variance of
+    ln(interval) recovered from each fit's (μ, σ, n). None when no fit has samples."""
+    n = 0
+    log_sum = log_sq_sum = 0.0
+    for fit in fits:
+        if fit is None or fit.samples <= 0:
+            continue
+        n += fit.samples
+        log_sum += fit.mu * fit.samples
+        log_sq_sum += (fit.sigma * fit.sigma + fit.mu * fit.mu) * fit.samples
+    if n == 0:
+        return None
+    mu = log_sum / n
+    variance = max(0.0, log_sq_sum / n - mu * mu)
+    return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
+
+
+def continuity_fit(core: Pausing, target_id: str) -> LogNormalFit | None:
+    """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0: the Rank's own
+    once its window is complete; before that, under ``"pool"``, every Rank's samples together once they
+    number ``stats_window_size``."""
+    factors: RankFactors | None = core.factors.get(target_id)
+    if factors is not None and factors.continuity_window_complete():
+        return factors.log_normal_fit()
+    if core.config.stats_warmup is not StatsWarmup.POOL:
+        return None
+    every = core.factors.values()
+    if sum(f.continuity_sample_count for f in every) < core.config.stats_window_size:
+        return None
+    return pooled_fit(f.log_normal_fit() for f in every)
+
+
+def fitted_ttl(core: Pausing, target_id: str, impact_seconds: float) -> float:
+    """The spec's fitted acting TTL for a request that completed on ``target_id``, from ``continuity_fit``
+    (the spec's value exactly under ``stats_warmup: "spec"``)."""
+    fit = continuity_fit(core, target_id)
+    return fitted_acting_ttl_from_fit(
+        fit, impact_seconds, core.config.max_acting_ttl_seconds, window_complete=fit is not None
+    )
+
+
+def request_stats_mature(core: RankSource, target_id: str) -> bool:
+    """Whether the cross-Rank pass may move Programs to or from ``target_id``: its request window is
+    complete, or, under ``"pool"``, every Rank's request samples together fill one window."""
+    factors = core.factors.get(target_id)
+    if factors is None:
+        return False
+    if factors.request_window_complete():
+        return True
+    if core.config.stats_warmup is not StatsWarmup.POOL:
+        return False
+    return sum(f.request_sample_count for f in core.factors.values()) >= core.config.stats_window_size
