@@ -80,10 +80,28 @@ class RouterProcess:
                 await self.process.wait()
 
 
+PORT_TAKEN = ("address already in use", "addrinuse", "errno 98")
+PORT_ATTEMPTS = 3
+
+
 async def start_router(
     kind: str, flags: list[str], log_dir: Path, ready_path: str = "/readiness"
 ) -> RouterProcess:
-    """Start ``kind`` with ``flags`` (plus host and ports) and wait until ``ready_path`` answers 200."""
+    """Start ``kind`` with ``flags`` (plus host and ports) and wait until ``ready_path`` answers 200.
+
+    A free port can be taken by a parallel test between our probe and the router's bind; a start that
+    failed for that reason alone is retried on fresh ports (any other failure is raised as it is).
+    """
+    for _ in range(PORT_ATTEMPTS - 1):
+        try:
+            return await _start_once(kind, flags, log_dir, ready_path)
+        except StartupError as exc:
+            if not any(marker in exc.output.lower() for marker in PORT_TAKEN):
+                raise
+    return await _start_once(kind, flags, log_dir, ready_path)
+
+
+async def _start_once(kind: str, flags: list[str], log_dir: Path, ready_path: str) -> RouterProcess:
     port, metrics_port = free_port(), free_port()
     argv = [
         *command(kind),
