@@ -10,7 +10,9 @@ token cache hit, prefill GPU-seconds spent and saved (the profile's prefill mode
 request's uncached and cached tokens), queue wait in the router, preemptions, KV utilisation, Programs per
 Rank, and the wall time; writes a PNG of Programs per Rank over time and a JSON of the figures.
 
-Target (issue 13): one modelled hour of 16 Ranks × 2,000 agents in under 60 s of wall time per arm.
+Target (issue 13): one modelled hour of 16 Ranks × 2,000 agents in under 60 s of wall time. The trace is
+generated once; then each arm runs in its own forked process (``--jobs`` at once, default one per core), which
+inherits the trace instead of copying it. Every figure is the same as one arm after another in one process.
 
     .venv/bin/python bench/fleet_sim.py --profile h200-llama-8b --ranks 16 --agents 2000 --hours 1 \\
         --arms native --out fleet-report
@@ -19,12 +21,15 @@ Target (issue 13): one modelled hour of 16 Ranks × 2,000 agents in under 60 s o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import multiprocessing
+import os
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +53,22 @@ SAMPLE_SECONDS = 10.0
 
 
 def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Trace:
-    """``agents`` × (1 + ``reserve``) agentic sessions; contexts capped at 80% of a Rank's KV (compaction)."""
+    """``agents`` × (1 + ``reserve``) agentic sessions; contexts capped at 80% of a Rank's KV (compaction).
+
+    The trace (~90 million block ids at 2,000 agents) holds no reference cycles and lives all run, so the
+    cyclic garbage collector is off while it is built and it is frozen afterwards: otherwise every full
+    collection, during generation and in every arm, walks all of it again (a third of the generation time)."""
     cap = min(AgenticWorkload().max_context_tokens, int(0.8 * fleet.capacity_tokens))
     tasks = int(agents * (1 + reserve))
-    return generate_agentic(
-        AgenticWorkload(tasks=tasks, seed=seed, block_size=fleet.block_size, max_context_tokens=cap)
-    )
+    gc.disable()
+    try:
+        trace = generate_agentic(
+            AgenticWorkload(tasks=tasks, seed=seed, block_size=fleet.block_size, max_context_tokens=cap)
+        )
+    finally:
+        gc.enable()
+    gc.freeze()
+    return trace
 
 
 def build_arms(
@@ -100,24 +115,28 @@ def parse_variants(texts: list[str]) -> dict[str, dict[str, Any]]:
     return variants
 
 
-class Sampler:
+@dataclass(slots=True)
+class Samples:
     """Every SAMPLE_SECONDS of modelled time: KV usage and the Programs with a request on each Rank."""
 
-    def __init__(self, sim: Simulation, until: float) -> None:
-        self.sim = sim
-        self.until = until
-        self.times: list[float] = []
-        self.kv: list[list[float]] = []
-        self.programs: list[list[int]] = []
-        sim.clock.at(0.0, self._sample)
+    times: list[float] = field(default_factory=list)
+    kv: list[list[float]] = field(default_factory=list)
+    programs: list[list[int]] = field(default_factory=list)
 
-    def _sample(self, _: object) -> None:
-        sim = self.sim
-        self.times.append(sim.clock.now)
-        self.kv.append([r.observation().kv_cache_usage for r in sim.ranks])
-        self.programs.append(sim.programs_per_rank())
-        if sim.clock.now + SAMPLE_SECONDS <= self.until:
-            sim.clock.at(sim.clock.now + SAMPLE_SECONDS, self._sample)
+
+def sample_every(sim: Simulation, until: float) -> Samples:
+    """Schedule the samples on the simulation's clock, up to ``until``."""
+    samples = Samples()
+
+    def sample(_: object) -> None:
+        samples.times.append(sim.clock.now)
+        samples.kv.append([r.observation().kv_cache_usage for r in sim.ranks])
+        samples.programs.append(sim.programs_per_rank())
+        if sim.clock.now + SAMPLE_SECONDS <= until:
+            sim.clock.at(sim.clock.now + SAMPLE_SECONDS, sample)
+
+    sim.clock.at(0.0, sample)
+    return samples
 
 
 def record_sent(sim: Simulation) -> list[Fact]:
@@ -152,7 +171,7 @@ def dist(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: float) -> dict[str, Any]:
+def summarize(sim: Simulation, samples: Samples, profile: EngineProfile, wall: float) -> dict[str, Any]:
     facts = sim.facts
     ok = [f for f in facts if f.ok and f.prompt_tokens is not None]
     model = profile.prefill_cost_model
@@ -166,8 +185,8 @@ def summarize(sim: Simulation, sampler: Sampler, profile: EngineProfile, wall: f
     planned = {t.task_id: t.num_requests for t in sim.trace.tasks}
     last = {f.task_id: f.finished_at for f in ok}
     jct = [last[t] - sim.agents.task_start[t] for t, n in done_requests.items() if n == planned[t]]
-    kv = [u for row in sampler.kv for u in row]
-    programs = [n for row in sampler.programs for n in row]
+    kv = [u for row in samples.kv for u in row]
+    programs = [n for row in samples.programs for n in row]
     return {
         "arm": sim.arm.name,
         "requests_completed": len(ok),
@@ -229,7 +248,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(" | ".join(fmt(get(row)) for _, get in cols))
 
 
-def plot(samplers: dict[str, Sampler], path: Path) -> None:
+def plot(samplers: dict[str, Samples], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,6 +280,9 @@ def main() -> None:
     ap.add_argument("--arms", default="native", help=f"comma-separated from {', '.join(ARM_NAMES)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plain-runs", action="store_true", help="step one by one (same results, slower)")
+    ap.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="arms run at once, each in its own process"
+    )
     ap.add_argument(
         "--agents-per-rank", default=None, help="a load sweep, e.g. 2,4,8 (instead of --agents; with --seeds)"
     )
@@ -306,38 +328,77 @@ def run_point(
     names: list[str],
     agents: int,
     seed: int,
-) -> tuple[list[dict[str, Any]], dict[str, Sampler]]:
+) -> tuple[list[dict[str, Any]], dict[str, Samples]]:
     """Every arm on one trace of ``agents`` concurrent sessions."""
-    started = time.perf_counter()
+    started, cpu, children = time.perf_counter(), time.process_time(), children_cpu()
     trace = build_trace(agents, seed, args.reserve, fleet)
     print(
         f"trace: {len(trace.tasks)} sessions, {trace.num_requests} requests, generated in "
-        f"{time.perf_counter() - started:.1f} s; fleet: {fleet.ranks} Ranks × {fleet.capacity_tokens:,} KV "
-        f"tokens ({profile.name}, blocks of {fleet.block_size}); {agents} agents; {args.hours:g} h; "
-        f"seed {seed}",
+        f"{time.perf_counter() - started:.1f} wall s, {time.process_time() - cpu:.1f} CPU s; fleet: "
+        f"{fleet.ranks} Ranks × {fleet.capacity_tokens:,} KV tokens ({profile.name}, blocks of "
+        f"{fleet.block_size}); {agents} agents; {args.hours:g} h; seed {seed}",
         flush=True,
     )
     until = args.hours * 3600.0
-    rows: list[dict[str, Any]] = []
-    samplers: dict[str, Sampler] = {}
-    for arm in build_arms(names, profile, fleet, agents, parse_variants(args.variant)):
+    arms = build_arms(names, profile, fleet, agents, parse_variants(args.variant))
+
+    def run_arm(index: int) -> tuple[dict[str, Any], Samples]:
+        arm = arms[index]
         started, cpu = time.perf_counter(), time.process_time()
         sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
-        sampler = Sampler(sim, until)
+        samples = sample_every(sim, until)
         sent = record_sent(sim)
         sim.run()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        row = summarize(sim, sampler, profile, wall)
+        row = summarize(sim, samples, profile, wall)
         row["request_seconds_censored"] = censored_latency(sim, sent, until)
         row["cpu_seconds"] = cpu
-        rows.append(row)
-        samplers[arm.name] = sampler
         print(
             f"  {arm.name}: {until:,.0f} modelled s in {wall:.1f} wall s, {cpu:.1f} CPU s "
             f"({sim.clock.events_run:,} events)",
             flush=True,
         )
-    return rows, samplers
+        return row, samples
+
+    results = in_processes(len(arms), run_arm, args.jobs)
+    cpu = time.process_time() - cpu + children_cpu() - children
+    print(f"  trace and arms: {time.perf_counter() - started:.1f} wall s, {cpu:.1f} CPU s", flush=True)
+    return [row for row, _ in results], {row["arm"]: samples for row, samples in results}
+
+
+#: The job the forked workers of ``in_processes`` run (a fork inherits it; nothing is pickled but results).
+_JOB: Callable[[int], Any] | None = None
+
+
+def _run_job(index: int) -> Any:
+    assert _JOB is not None
+    return _JOB(index)
+
+
+def in_processes(n: int, job: Callable[[int], Any], jobs: int) -> list[Any]:
+    """``[job(0), …, job(n - 1)]``, each in a fresh forked process, ``jobs`` at a time (1: here, in order).
+
+    Forked children share the parent's memory (the trace) copy-on-write; ``build_trace`` froze the trace out
+    of the collector's reach, so a child does not copy it by walking it."""
+    global _JOB
+    if jobs <= 1 or n <= 1:
+        return [job(i) for i in range(n)]
+    _JOB = job
+    try:
+        pool = multiprocessing.get_context("fork").Pool(min(jobs, n), maxtasksperchild=1)
+        try:
+            return pool.map(_run_job, range(n), chunksize=1)
+        finally:
+            pool.close()
+            pool.join()  # reaped: their CPU time is in ``children_cpu``
+    finally:
+        _JOB = None
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's finished children (the arms ``in_processes`` ran)."""
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, names: list[str]) -> None:

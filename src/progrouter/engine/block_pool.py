@@ -85,9 +85,10 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
-    def usage(self) -> float:
-        """vLLM's ``kv_cache_usage_perc``: the fraction of blocks some request holds (cached-free is free)."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
+    def usage(self, taken: int = 0) -> float:
+        """vLLM's ``kv_cache_usage_perc``: the fraction of blocks some request holds (cached-free is free),
+        once ``taken`` more free blocks are handed out."""
+        return 1.0 - (self.num_free_blocks - taken) / self.num_blocks
 
     @property
     def cached_map(self) -> Mapping[int, KVCacheBlock]:
@@ -136,12 +137,16 @@ class BlockPool:
             n -= fresh
         popitem = self._free.popitem
         cached = self._cached
+        copies = self._copies
         evicted: list[int] = []
         for _ in range(n):
             block = popitem(last=False)[1]
             h = block.block_hash
             if h is not None:
-                self._uncache(block, h, cached)
+                if copies:
+                    self._uncache(block, h, cached)
+                else:  # no hash has a second copy: this block is the one lookups find
+                    del cached[h]
                 block.block_hash = None
                 self.num_evictions += 1
                 evicted.append(h)

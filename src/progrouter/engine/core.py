@@ -279,6 +279,12 @@ class EngineCore:
             steps += 1
         return steps, end
 
+    def plain_run_usage(self, run: PlainRun, before: float) -> float:
+        """``kv_cache_usage`` once the run's steps that start before ``before`` are applied (what
+        ``finish_plain_run(run, before)`` would leave), without applying them: the run goes on."""
+        steps, _ = self.plain_run_steps(run, before)
+        return self.kv.pool.usage(taken=self.scheduler.new_blocks(steps, run.chunk))
+
     def finish_plain_run(self, run: PlainRun, before: float = math.inf) -> float:
         """Apply the run's steps that start before ``before``; return when the last of them ends."""
         steps, end = self.plain_run_steps(run, before)

@@ -6,10 +6,15 @@ As in vLLM v1, the manager owns the request → blocks table and talks to the Bl
 
 from __future__ import annotations
 
-from itertools import islice
+from functools import partial
+from itertools import islice, takewhile
+from operator import attrgetter, is_not
 
 from progrouter.engine.block_pool import BlockPool, KVCacheBlock, KVEventSink
 from progrouter.engine.request import Request
+
+_FOUND = partial(is_not, None)
+_REF_CNT = attrgetter("ref_cnt")
 
 
 class KVCacheManager:
@@ -26,14 +31,9 @@ class KVCacheManager:
         prompt that is entirely cached reuses all but its last block.
         """
         max_blocks = (request.num_tokens - 1) // self.block_size
-        get = self.pool.cached_map.get  # the hot loop of admission: no method call per block
-        hits: list[KVCacheBlock] = []
-        append = hits.append
-        for h in islice(request.block_hashes, max_blocks):
-            block = get(h)
-            if block is None:
-                break
-            append(block)
+        # The hot loop of admission, all in C: look each hash up until the first miss.
+        lookups = map(self.pool.cached_map.get, islice(request.block_hashes, max_blocks))
+        hits: list[KVCacheBlock] = list(takewhile(_FOUND, lookups))  # type: ignore[arg-type]
         return hits, len(hits) * self.block_size
 
     def allocate_slots(
@@ -84,7 +84,7 @@ class KVCacheManager:
         total = request.num_computed_tokens + len(hits) * bs + num_new_tokens
         num_new_blocks = -(-total // bs) - (len(blocks) if blocks is not None else 0) - len(hits)
         if num_new_blocks > 0 or hits:
-            evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
+            evictable_hits = list(map(_REF_CNT, hits)).count(0)
             if num_new_blocks > self.pool.num_free_blocks - evictable_hits:
                 return None
         return num_new_blocks

@@ -159,13 +159,19 @@ class EngineScheduler:
             steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
         if steps <= 0:
             return 0, 0
-        if self._new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
+        if self.new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
             lo, hi = 0, steps
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self._new_blocks(mid, chunk) <= free else (lo, mid - 1)
+                lo, hi = (mid, hi) if self.new_blocks(mid, chunk) <= free else (lo, mid - 1)
             steps = lo
         return (steps, chunk) if steps > 0 else (0, 0)
+
+    def admits_during_run(self, chunk: int) -> bool:
+        """Whether a request that arrives during a plain run (``chunk`` as ``plain_run`` gave it) could be
+        admitted before the run ends: only if nothing but decodes run, the batch has room and none waits
+        (a waiting head that keeps failing admission keeps every later arrival out: FCFS)."""
+        return not chunk and not self.waiting and len(self.running) < self.max_num_seqs
 
     def _blocked_head(self, now: float, budget: int) -> set[int] | None:
         """The ids of the cached blocks the waiting head would reuse, if its admission fails now (as
@@ -181,7 +187,7 @@ class EngineScheduler:
             return None
         return {b.block_id for b in hits}
 
-    def _new_blocks(self, steps: int, chunk: int) -> int:
+    def new_blocks(self, steps: int, chunk: int) -> int:
         """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
         kv = self.kv
         bs = kv.block_size

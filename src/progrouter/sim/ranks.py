@@ -72,9 +72,12 @@ class SimRank:
     """One Rank: its target, its core, and whether a step (or a plain run) is scheduled.
 
     When the core's next steps are plain (``EngineCore.plain_run``: decodes and one prefill's chunks) the
-    Rank schedules their end as one event instead of one per step. A request that arrives meanwhile, or an
-    observation, cuts the run: the steps that started before it are applied and the Rank steps on from the end
-    of the last one (where the request joins), exactly as if the run had been stepped one by one.
+    Rank schedules their end as one event instead of one per step. A request that arrives meanwhile and could
+    be admitted before the run ends cuts the run: the steps that started before it are applied and the Rank
+    steps on from the end of the last one (where the request joins), exactly as if the run had been stepped
+    one by one. One that could not (the run's prefill takes the whole budget, the batch is full, or others wait
+    ahead of it) just joins the queue, and an observation reads the KV of the steps begun so far without
+    cutting: the run goes on, as stepping would.
     """
 
     __slots__ = ("_clock", "_on_output", "_run", "_run_seq", "core", "plain_runs", "stepping", "target")
@@ -102,7 +105,8 @@ class SimRank:
     ) -> None:
         """Queue a request (exactly ``output_tokens`` long) and make sure the Rank steps."""
         params = SamplingParams(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
-        self._cut(now)
+        if self._run is not None and self.core.scheduler.admits_during_run(self._run.chunk):
+            self._cut(now)
         self.core.add_request(request_id, prompt, params, now)
         if not self.stepping:
             self.stepping = True
@@ -151,10 +155,10 @@ class SimRank:
             self._clock.at(when, self._step)
 
     def observation(self) -> BackendObservation:
-        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run is cut)."""
-        self._cut(self._clock.now)
-        core = self.core
-        return BackendObservation(core.kv_cache_usage(), core.num_running, core.num_waiting)
+        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run goes on)."""
+        core, run = self.core, self._run
+        usage = core.kv_cache_usage() if run is None else core.plain_run_usage(run, self._clock.now)
+        return BackendObservation(usage, core.num_running, core.num_waiting)
 
 
 def build_fleet(
