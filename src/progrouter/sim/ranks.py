@@ -75,8 +75,8 @@ class SimRank:
     Rank schedules their end as one event instead of one per step. A request that arrives meanwhile and could
     be admitted before the run ends cuts the run: the steps that started before it are applied and the Rank
     steps on from the end of the last one (where the request joins), exactly as if the run had been stepped
-    one by one. One that could not (the run's prefill takes the whole budget, the batch is full, or others wait
-    ahead of it) just joins the queue, and an observation reads the KV of the steps begun so far without
+    one by one. One that could not (the run's prefill takes the whole budget, the batch is full, or others
+    wait ahead of it) just joins the queue, and an observation reads the KV of the steps begun so far without
     cutting: the run goes on, as stepping would.
     """
 
