@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from progrouter.engine.block_pool import KVEventSink
 from progrouter.engine.config import EngineConfig
@@ -28,9 +29,10 @@ class RequestRejected(ValueError):
     """The core cannot take this request (duplicate id, empty prompt, longer than ``max_model_len``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """What one request got from one step: at most one new token, and whether it is done."""
+class RequestOutput(NamedTuple):
+    """What one request got from one step: at most one new token, and whether it is done (a named tuple:
+    every running request gets one each step, and a tuple is built four times faster than a frozen
+    dataclass)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -33,6 +33,7 @@ from progrouter.workload.report import Sample, parse_metrics
 #: The base URL of the simulated engine; Ranks are ``http://sim@0`` … (one engine, DP size N).
 SIM_ENGINE_URL = "http://sim"
 
+#: Hears each request's first token and its finish (the outputs in between only count tokens).
 OutputHandler = Callable[["SimRank", RequestOutput, float], None]
 
 
@@ -147,7 +148,8 @@ class SimRank:
     def _deliver(self, result: StepResult) -> None:
         now = self._clock.now
         for output in result.outputs:
-            self._on_output(self, output, now)
+            if output.first_token or output.finish_reason is not None:  # a decode token in between: no news
+                self._on_output(self, output, now)
         when = self.core.next_event_time()
         if when is None:
             self.stepping = False
