@@ -139,8 +139,9 @@ class BlockPool:
         cached = self._cached
         copies = self._copies
         evicted: list[int] = []
-        for _ in range(n):
-            block = popitem(last=False)[1]
+        taken = [popitem(last=False)[1] for _ in range(n)]
+        for block in taken:
+            block.ref_cnt = 1
             h = block.block_hash
             if h is not None:
                 if copies:
@@ -148,10 +149,9 @@ class BlockPool:
                 else:  # no hash has a second copy: this block is the one lookups find
                     del cached[h]
                 block.block_hash = None
-                self.num_evictions += 1
                 evicted.append(h)
-            block.ref_cnt = 1
-            out.append(block)
+        self.num_evictions += len(evicted)
+        out += taken
         if evicted and self.events is not None:
             self.events.blocks_removed(evicted)
         return out
@@ -183,14 +183,17 @@ class BlockPool:
         free = self._free
         uncached: list[KVCacheBlock] = []
         for block in blocks_in_eviction_order:
-            if block.ref_cnt <= 0:
-                raise AssertionError(f"{block!r} freed more often than it was taken")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            ref = block.ref_cnt
+            if ref == 1:
+                block.ref_cnt = 0
                 if block.block_hash is None:
                     uncached.append(block)
                 else:
                     free[block.block_id] = block
+            elif ref > 1:
+                block.ref_cnt = ref - 1
+            else:
+                raise AssertionError(f"{block!r} freed more often than it was taken")
         if uncached:
             self._front += reversed(uncached)
 
