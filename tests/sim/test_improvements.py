@@ -16,7 +16,8 @@ from progrouter.workload.agentic import AgenticWorkload, LogNormal, generate_age
 from progrouter.workload.facts import Fact
 from progrouter.workload.trace import AgentRole, Trace, TraceProgram, TraceRequest, TraceTask
 
-# Seeded simulator runs: ~40 s on a quiet machine, 150 s at load 17 (a guard against a hang, not a timing check).
+# Seeded simulator runs: ~40 s on a quiet machine, 150 s at load 17 (a guard against a hang, not a timing
+# check).
 pytestmark = pytest.mark.timeout(600)
 
 PROFILE = load_profile("h200-qwen-32b")
