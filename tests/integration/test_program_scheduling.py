@@ -68,7 +68,9 @@ async def test_failing_metrics_falls_back_and_recovers_with_one_line_each(
     caplog.set_level(logging.INFO, logger="progrouter")
     engine = await make_engine()
     proxy = await make_proxy(engine.url)
-    router = await make_router([proxy.url], program_config())
+    # Observations go stale after a few polling intervals; at 0.1 s a loaded host's late poll alone made
+    # one go stale (a second fallback and recovery). 0.5 s keeps the test about flapping, not scheduling.
+    router = await make_router([proxy.url], program_config(metrics_interval_seconds=0.5))
     status, _ = await post(client, router, program_body("prog-a", words("a", 100)))
     assert status == 200
 
