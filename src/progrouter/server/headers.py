@@ -32,7 +32,7 @@ _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
 
-def _without(headers: CIMultiDictProxy[str], drop: frozenset[str]) -> CIMultiDict[str]:
+def _without(headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str]) -> CIMultiDict[str]:
     """A copy of ``headers`` without ``drop`` and without what its ``Connection`` header names.
 
     Copied whole (in C) and then pruned: cheaper than filtering field by field in Python.
@@ -58,7 +58,7 @@ def request_headers(incoming: CIMultiDictProxy[str], default_content_type: str |
     return out
 
 
-def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def response_headers(upstream: CIMultiDict[str]) -> CIMultiDict[str]:
     """Worker response headers to relay to the client."""
     return _without(upstream, _RESPONSE_DROP)
 
