@@ -106,6 +106,7 @@ class WorkerConnection(asyncio.Protocol):
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
+        self._due: float | None = None  # the request's deadline (loop time) while its answer is not whole
         self._timer: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
         self.status = 0
@@ -158,7 +159,9 @@ class WorkerConnection(asyncio.Protocol):
         """Write one request; the answer must be whole by ``deadline`` (loop time)."""
         assert self._transport is not None and self._stage == _IDLE
         self._stage = _HEAD
-        self._timer = self._loop.call_at(deadline, self._timed_out)
+        self._due = deadline
+        if self._timer is None:  # else one armed for an earlier request's deadline re-arms when it fires
+            self._timer = self._loop.call_at(deadline, self._deadline_passed)
         if len(body) <= _ONE_BUFFER:
             self._transport.write(head + body)
         else:
@@ -200,7 +203,6 @@ class WorkerConnection(asyncio.Protocol):
         reused, and is closed otherwise."""
         if self._stage == _DONE and self.keep_alive and not self._buffer and self._transport is not None:
             self._stage = _IDLE
-            self.headers = CIMultiDict()
             self._client.keep(self)
         else:
             self.close()
@@ -286,15 +288,18 @@ class WorkerConnection(asyncio.Protocol):
         if version not in (b"HTTP/1.1", b"HTTP/1.0") or not code.isdigit() or rest[3:4] not in (b"", b" "):
             raise WorkerError("the worker's answer is not HTTP/1.1")
         status = int(code)
-        headers: CIMultiDict[str] = CIMultiDict()
+        fields = []
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
             if not colon or not name or name[-1] in b" \t" or name[0] in b" \t":
                 raise WorkerError("a header of the worker's answer is malformed")
-            headers.add(
-                name.decode("utf-8", "surrogateescape"),
-                value.strip(b" \t").decode("utf-8", "surrogateescape"),
+            fields.append(
+                (
+                    name.decode("utf-8", "surrogateescape"),
+                    value.strip(b" \t").decode("utf-8", "surrogateescape"),
+                )
             )
+        headers = CIMultiDict(fields)
         if 100 <= status < 200:
             if status == 101:
                 raise WorkerError("the worker switched protocols unasked")
@@ -337,9 +342,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def _complete(self) -> None:
         self._stage = _DONE
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._due = None
         self._wake()
 
     # -------------------------------------------------------------------------------------- waiting
@@ -365,8 +368,15 @@ class WorkerConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _timed_out(self) -> None:
+    def _deadline_passed(self) -> None:
+        """The timer fired. It is armed once per connection and re-armed lazily: a request on a kept
+        connection moves ``_due`` on instead of arming and cancelling a loop timer of its own."""
         self._timer = None
+        if self._due is None:  # no answer is being read
+            return
+        if self._loop.time() < self._due:
+            self._timer = self._loop.call_at(self._due, self._deadline_passed)
+            return
         self._fail(TimeoutError("the worker's answer was not whole before the request timeout"))
 
 
