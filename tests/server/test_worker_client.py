@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from progrouter.server.worker_client import WorkerClient, WorkerError
+from progrouter.server.worker_client import HIGH_WATER, WorkerClient, WorkerError
+from support.factories import RouterFactory
 from support.loopback import serve_app
 
 BODY = b'{"prompt": "hi"}'
@@ -38,7 +40,7 @@ class Worker:
             raise
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        mode = request.match_info["mode"]
+        mode = request.headers.get("X-Mode") or request.match_info["mode"]
         if mode == "length":
             return web.Response(body=b"x" * 100_000, headers={"X-Mode": "length"})
         if mode == "close":
@@ -47,7 +49,15 @@ class Worker:
             return response
         if mode == "hang":
             await asyncio.sleep(3600)
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if mode == "big":  # far more than the client buffers before it pauses reading
+            stream = web.StreamResponse()
+            await stream.prepare(request)
+            for i in range(64):
+                await stream.write(bytes([65 + i % 26]) * 32_768)
+            await stream.write_eof()
+            return stream
+        content_type = "application/json" if mode == "chunked-json" else "text/event-stream"
+        stream = web.StreamResponse(headers={"Content-Type": content_type})
         stream.enable_chunked_encoding()
         await stream.prepare(request)
         await stream.write(b"data: 1\n\n")
@@ -65,7 +75,7 @@ class Worker:
 async def worker() -> AsyncIterator[Worker]:
     w = Worker()
     app = web.Application()
-    app.router.add_post("/{mode}", w.handle)
+    app.router.add_post("/{mode:.*}", w.handle)
     runner, w.url = await serve_app(app)
     yield w
     w.release.set()
@@ -73,7 +83,7 @@ async def worker() -> AsyncIterator[Worker]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[WorkerClient]:
+async def pool() -> AsyncIterator[WorkerClient]:
     c = WorkerClient(timeout=30)
     yield c
     await c.close()
@@ -116,10 +126,10 @@ async def _read_request(reader: asyncio.StreamReader) -> None:
 
 
 async def test_a_content_length_answer_is_read_whole_and_its_connection_reused(
-    worker: Worker, client: WorkerClient
+    worker: Worker, pool: WorkerClient
 ) -> None:
     for _ in range(3):
-        answer = await client.request("POST", worker.url, "/length?q=1", {"X-Trace": "t"}, BODY)
+        answer = await pool.request("POST", worker.url, "/length?q=1", {"X-Trace": "t"}, BODY)
         assert answer.status == 200 and answer.content_length == 100_000
         assert answer.headers["X-Mode"] == "length"
         assert await answer.read() == b"x" * 100_000
@@ -132,8 +142,8 @@ async def test_a_content_length_answer_is_read_whole_and_its_connection_reused(
     assert head["Accept"] == "*/*" and head["User-Agent"].startswith("Python/")
 
 
-async def test_a_chunked_stream_is_handed_on_chunk_by_chunk(worker: Worker, client: WorkerClient) -> None:
-    answer = await client.request("POST", worker.url, "/stream", {}, BODY)
+async def test_a_chunked_stream_is_handed_on_chunk_by_chunk(worker: Worker, pool: WorkerClient) -> None:
+    answer = await pool.request("POST", worker.url, "/stream", {}, BODY)
     assert answer.content_length is None
     # The worker holds the rest until `release`: the first chunk can only come on its own.
     assert await answer.next_chunk() == b"data: 1\n\n"
@@ -141,17 +151,15 @@ async def test_a_chunked_stream_is_handed_on_chunk_by_chunk(worker: Worker, clie
     assert await answer.read() == b"data: 2\n\n"
     assert await answer.next_chunk() == b""
     answer.release()
-    again = await client.request("POST", worker.url, "/length", {}, BODY)
+    again = await pool.request("POST", worker.url, "/length", {}, BODY)
     await again.read()
     again.release()
     assert worker.peers[0] == worker.peers[1]  # a chunked answer read whole leaves the connection reusable
 
 
-async def test_a_worker_answering_connection_close_is_not_reused(
-    worker: Worker, client: WorkerClient
-) -> None:
+async def test_a_worker_answering_connection_close_is_not_reused(worker: Worker, pool: WorkerClient) -> None:
     for _ in range(2):
-        answer = await client.request("POST", worker.url, "/close", {}, BODY)
+        answer = await pool.request("POST", worker.url, "/close", {}, BODY)
         assert not answer.keep_alive
         assert await answer.read() == b"bye"
         answer.release()
@@ -159,21 +167,21 @@ async def test_a_worker_answering_connection_close_is_not_reused(
 
 
 async def test_a_stream_broken_midway_raises_and_its_connection_is_not_reused(
-    worker: Worker, client: WorkerClient
+    worker: Worker, pool: WorkerClient
 ) -> None:
-    answer = await client.request("POST", worker.url, "/break", {}, BODY)
+    answer = await pool.request("POST", worker.url, "/break", {}, BODY)
     assert await answer.next_chunk() == b"data: 1\n\n"
     with pytest.raises(WorkerError):
         await answer.read()
     answer.close()
-    again = await client.request("POST", worker.url, "/length", {}, BODY)
+    again = await pool.request("POST", worker.url, "/length", {}, BODY)
     await again.read()
     again.release()
     assert worker.peers[0] != worker.peers[1]
 
 
 async def test_a_content_length_answer_cut_short_raises(
-    raw: Callable[..., Awaitable[tuple[str, list[int]]]], client: WorkerClient
+    raw: Callable[..., Awaitable[tuple[str, list[int]]]], pool: WorkerClient
 ) -> None:
     async def cut_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -181,7 +189,7 @@ async def test_a_content_length_answer_cut_short_raises(
 
     url, connections = await raw(cut_short)
     for expected in (1, 2):
-        answer = await client.request("POST", url, "/", {}, BODY)
+        answer = await pool.request("POST", url, "/", {}, BODY)
         assert await answer.next_chunk() == b"abc"
         with pytest.raises(WorkerError, match="before its answer was whole"):
             await answer.next_chunk()
@@ -190,18 +198,18 @@ async def test_a_content_length_answer_cut_short_raises(
 
 
 async def test_a_connection_closed_before_any_answer_raises(
-    raw: Callable[..., Awaitable[tuple[str, list[int]]]], client: WorkerClient
+    raw: Callable[..., Awaitable[tuple[str, list[int]]]], pool: WorkerClient
 ) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
 
     url, _ = await raw(hang_up)
     with pytest.raises(WorkerError):
-        await client.request("POST", url, "/", {}, BODY)
+        await pool.request("POST", url, "/", {}, BODY)
 
 
 async def test_an_answer_without_length_is_read_until_the_worker_closes(
-    raw: Callable[..., Awaitable[tuple[str, list[int]]]], client: WorkerClient
+    raw: Callable[..., Awaitable[tuple[str, list[int]]]], pool: WorkerClient
 ) -> None:
     async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -211,7 +219,7 @@ async def test_an_answer_without_length_is_read_until_the_worker_closes(
 
     url, connections = await raw(until_close)
     for expected in (1, 2):
-        answer = await client.request("POST", url, "/", {}, BODY)
+        answer = await pool.request("POST", url, "/", {}, BODY)
         assert answer.content_length is None and not answer.keep_alive
         assert await answer.read() == b"first second"
         answer.release()
@@ -219,7 +227,7 @@ async def test_an_answer_without_length_is_read_until_the_worker_closes(
 
 
 async def test_an_interim_answer_is_skipped_and_chunk_extensions_and_trailers_are_read(
-    raw: Callable[..., Awaitable[tuple[str, list[int]]]], client: WorkerClient
+    raw: Callable[..., Awaitable[tuple[str, list[int]]]], pool: WorkerClient
 ) -> None:
     async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -230,7 +238,7 @@ async def test_an_interim_answer_is_skipped_and_chunk_extensions_and_trailers_ar
         await _read_request(reader)  # the connection is kept: a second request follows on it
 
     url, _ = await raw(interim)
-    answer = await client.request("POST", url, "/", {}, BODY)
+    answer = await pool.request("POST", url, "/", {}, BODY)
     assert answer.status == 201
     assert await answer.read() == b"hello"
     answer.release()
@@ -249,7 +257,7 @@ async def test_an_interim_answer_is_skipped_and_chunk_extensions_and_trailers_ar
     ],
 )
 async def test_a_malformed_answer_raises(
-    answer: bytes, raw: Callable[..., Awaitable[tuple[str, list[int]]]], client: WorkerClient
+    answer: bytes, raw: Callable[..., Awaitable[tuple[str, list[int]]]], pool: WorkerClient
 ) -> None:
     async def malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -258,7 +266,7 @@ async def test_a_malformed_answer_raises(
 
     url, _ = await raw(malformed)
     with pytest.raises(WorkerError):
-        connection = await client.request("POST", url, "/", {}, BODY)
+        connection = await pool.request("POST", url, "/", {}, BODY)
         try:
             await connection.read()
         finally:
@@ -266,21 +274,21 @@ async def test_a_malformed_answer_raises(
 
 
 async def test_the_request_timeout_bounds_the_head_and_the_body(worker: Worker) -> None:
-    client = WorkerClient(timeout=0.3)
+    pool = WorkerClient(timeout=0.3)
     try:
         with pytest.raises(TimeoutError):
-            await client.request("POST", worker.url, "/hang", {}, BODY)
+            await pool.request("POST", worker.url, "/hang", {}, BODY)
         await asyncio.wait_for(worker.cancelled.wait(), timeout=10)  # the worker saw the request abandoned
-        answer = await client.request("POST", worker.url, "/stream", {}, BODY)
+        answer = await pool.request("POST", worker.url, "/stream", {}, BODY)
         assert await answer.next_chunk() == b"data: 1\n\n"
         with pytest.raises(TimeoutError):
             await answer.next_chunk()  # the rest never comes
         answer.close()
     finally:
-        await client.close()
+        await pool.close()
 
 
-async def test_an_unreachable_worker_raises(client: WorkerClient) -> None:
+async def test_an_unreachable_worker_raises(pool: WorkerClient) -> None:
     async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         return None
 
@@ -289,12 +297,53 @@ async def test_an_unreachable_worker_raises(client: WorkerClient) -> None:
     server.close()
     await server.wait_closed()
     with pytest.raises(WorkerError, match="cannot connect"):
-        await client.request("POST", f"http://127.0.0.1:{port}", "/", {}, BODY)
+        await pool.request("POST", f"http://127.0.0.1:{port}", "/", {}, BODY)
 
 
 async def test_a_header_with_cr_or_lf_is_refused_before_anything_is_sent(
-    worker: Worker, client: WorkerClient
+    worker: Worker, pool: WorkerClient
 ) -> None:
     with pytest.raises(ValueError, match="CR or LF"):
-        await client.request("POST", worker.url, "/length", {"X-A": "1\r\nX-Rank: 3"}, BODY)
+        await pool.request("POST", worker.url, "/length", {"X-A": "1\r\nX-Rank: 3"}, BODY)
     assert worker.bodies == []
+
+
+async def test_a_connection_idle_too_long_is_not_reused(worker: Worker) -> None:
+    pool = WorkerClient(timeout=30, idle_seconds=0)  # every kept connection is already past its idle time
+    try:
+        for _ in range(2):
+            answer = await pool.request("POST", worker.url, "/length", {}, BODY)
+            await answer.read()
+            answer.release()
+    finally:
+        await pool.close()
+    assert worker.peers[0] != worker.peers[1]
+
+
+async def test_a_body_larger_than_the_buffer_arrives_whole_and_in_order(
+    worker: Worker, pool: WorkerClient
+) -> None:
+    answer = await pool.request("POST", worker.url, "/big", {}, BODY)
+    body = await answer.read()
+    answer.release()
+    assert 4 * HIGH_WATER < 64 * 32_768
+    assert body == b"".join(bytes([65 + i % 26]) * 32_768 for i in range(64))
+
+
+async def test_the_router_relays_a_chunked_json_answer_and_a_closing_worker(
+    worker: Worker, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = await make_router([worker.url])
+    worker.release.set()
+    for _ in range(2):
+        headers = {"X-Mode": "chunked-json"}
+        async with client.post(router.url + "/v1/completions", data=BODY, headers=headers) as resp:
+            assert resp.status == 200
+            assert await resp.read() == b"data: 1\n\ndata: 2\n\n"
+        async with client.post(
+            router.url + "/v1/completions", data=BODY, headers={"X-Mode": "close"}
+        ) as resp:
+            assert resp.status == 200 and await resp.read() == b"bye"
+            assert "Connection" not in resp.headers  # the worker's hop-by-hop header is not relayed
+    # A chunked answer read whole leaves its connection for the next request; a closing worker's does not.
+    assert worker.peers[0] == worker.peers[1] != worker.peers[2] == worker.peers[3]

@@ -7,7 +7,7 @@ connection and the answer is parsed as it arrives, by a small parser for what a 
 a ``Content-Length``, chunked or read-until-close body. The body is handed on chunk by chunk as it arrives
 (SSE), with reading paused while too much of it waits. A connection goes back to its pool only when its
 answer was read whole and the worker kept it alive (HTTP/1.1 without ``Connection: close``); idle ones are
-closed after ``idle_seconds``.
+closed after ``IDLE_SECONDS``.
 
 Failures, as the proxy classifies them: ``WorkerError`` when the connection is refused, reset or closed
 before the answer was whole, or the answer is not valid HTTP/1.1; ``TimeoutError`` when the request's
@@ -31,6 +31,9 @@ from yarl import URL
 
 MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers, and of a chunk-size or trailer line
 HIGH_WATER = 256 * 1024  # body bytes waiting for the consumer at which reading from the worker pauses
+# An idle connection is dropped before vLLM's server (uvicorn, 5 s keep-alive) would close it, so a request is
+# never written to a connection the worker is closing at that moment.
+IDLE_SECONDS = 4.0
 _ONE_BUFFER = 256 * 1024  # request bodies up to this size are written together with the head, as one buffer
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
@@ -162,10 +165,13 @@ class WorkerConnection(asyncio.Protocol):
         self._due = deadline
         if self._timer is None:  # else one armed for an earlier request's deadline re-arms when it fires
             self._timer = self._loop.call_at(deadline, self._deadline_passed)
-        if len(body) <= _ONE_BUFFER:
-            self._transport.write(head + body)
-        else:
-            self._transport.writelines((head, body))
+        try:
+            if len(body) <= _ONE_BUFFER:
+                self._transport.write(head + body)
+            else:
+                self._transport.writelines((head, body))
+        except (OSError, RuntimeError) as exc:  # a transport that closed under us
+            raise WorkerError(f"the request could not be written: {exc}") from exc
 
     async def head(self) -> None:
         """Wait for the answer's status line and headers."""
@@ -276,11 +282,8 @@ class WorkerConnection(asyncio.Protocol):
 
     def _read_head(self, head: bytes) -> None:
         """Status, headers and how the body is framed (RFC 9112 §6.3); 1xx answers are skipped."""
-        if (
-            head.count(b"\n") != head.count(b"\r\n")
-            or head.count(b"\r") != head.count(b"\n")
-            or b"\0" in head
-        ):
+        crlf = head.count(b"\r\n")
+        if head.count(b"\n") != crlf or head.count(b"\r") != crlf or b"\0" in head:
             raise WorkerError("the worker's answer head holds a bare CR, LF or NUL")
         lines = head.split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
@@ -383,7 +386,7 @@ class WorkerConnection(asyncio.Protocol):
 class WorkerClient:
     """Kept-alive connections to the workers, pooled per worker URL (most recently used first)."""
 
-    def __init__(self, timeout: float, *, idle_seconds: float = 60.0) -> None:
+    def __init__(self, timeout: float, *, idle_seconds: float = IDLE_SECONDS) -> None:
         self._timeout = timeout
         self._idle_seconds = idle_seconds
         self._tls: ssl.SSLContext | None = None
@@ -439,12 +442,18 @@ class WorkerClient:
 
     def _take(self, endpoint: _Endpoint) -> WorkerConnection | None:
         idle = self._idle.get(endpoint)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
         while idle:
             connection = idle.pop()
-            if connection.reusable:
+            if self._fresh(connection, now):
                 return connection
             connection.close()
         return None
+
+    def _fresh(self, connection: WorkerConnection, now: float) -> bool:
+        return connection.reusable and now - connection.idle_since < self._idle_seconds
 
     async def _connect(self, endpoint: _Endpoint, deadline: float) -> WorkerConnection:
         loop = asyncio.get_running_loop()
@@ -467,9 +476,11 @@ class WorkerClient:
         """Close the connections idle for ``idle_seconds``; check again while some remain."""
         now = asyncio.get_running_loop().time()
         for endpoint, idle in list(self._idle.items()):
-            kept = [c for c in idle if c.reusable and now - c.idle_since < self._idle_seconds]
+            kept = []
             for connection in idle:
-                if connection not in kept:
+                if self._fresh(connection, now):
+                    kept.append(connection)
+                else:
                     connection.close()
             if kept:
                 self._idle[endpoint] = kept
