@@ -109,7 +109,9 @@ def test_the_edge_middleware_composes_edge_rules_only() -> None:
 # request goes through it, never through aiohttp's client (which stays for health checks, the poller and the
 # admin fan-outs).
 def test_the_worker_hop_stands_alone_and_carries_every_proxied_request() -> None:
-    imported = {name for name in _imports(SRC / "server" / "worker_client.py") if name.startswith("progrouter")}
+    imported = {
+        name for name in _imports(SRC / "server" / "worker_client.py") if name.startswith("progrouter")
+    }
     assert not imported, sorted(imported)
     proxy = (SRC / "server" / "proxy.py").read_text()
     assert "progrouter.server.worker_client" in _imports(SRC / "server" / "proxy.py")
