@@ -230,13 +230,9 @@ class WorkerConnection(asyncio.Protocol):
         while buf:
             stage = self._stage
             if stage == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise WorkerError("the worker's answer head is too large")
+                head = self._cut(b"\r\n\r\n", "the head")
+                if head is None:
                     return
-                head = bytes(buf[:end])
-                del buf[: end + 4]
                 self._read_head(head)
                 self._wake()
             elif stage in (_LENGTH, _CHUNK_DATA):
@@ -260,13 +256,9 @@ class WorkerConnection(asyncio.Protocol):
                 del buf[:2]
                 self._stage = _CHUNK_LINE
             elif stage in (_CHUNK_LINE, _TRAILERS):
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise WorkerError("a chunk line of the worker's answer is too long")
+                line = self._cut(b"\r\n", "a chunk line")
+                if line is None:
                     return
-                line = bytes(buf[:end])
-                del buf[: end + 2]
                 if stage == _TRAILERS:
                     if not line:  # trailers are not relayed (the client's answer is already under way)
                         self._complete()
@@ -279,6 +271,18 @@ class WorkerConnection(asyncio.Protocol):
             else:  # _DONE: bytes after the answer; the connection is out of step
                 self.keep_alive = False
                 return
+
+    def _cut(self, delimiter: bytes, what: str) -> bytes | None:
+        """The buffered bytes before ``delimiter``, taken off the buffer with it; None until it arrives."""
+        buf = self._buffer
+        end = buf.find(delimiter)
+        if end < 0:
+            if len(buf) > MAX_HEAD:
+                raise WorkerError(f"{what} of the worker's answer is too long")
+            return None
+        taken = bytes(buf[:end])
+        del buf[: end + len(delimiter)]
+        return taken
 
     def _read_head(self, head: bytes) -> None:
         """Status, headers and how the body is framed (RFC 9112 §6.3); 1xx answers are skipped."""
