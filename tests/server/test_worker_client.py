@@ -288,6 +288,30 @@ async def test_the_request_timeout_bounds_the_head_and_the_body(worker: Worker) 
         await pool.close()
 
 
+async def test_a_timeout_while_reading_until_close_is_not_taken_for_the_end(
+    raw: Callable[..., Awaitable[tuple[str, list[int]]]],
+) -> None:
+    closed = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\npartial")
+        await reader.read()  # until the client's deadline closes the connection
+        closed.set()
+
+    url, _ = await raw(stall)
+    pool = WorkerClient(timeout=0.3)
+    try:
+        answer = await pool.request("POST", url, "/", {}, BODY)
+        await asyncio.wait_for(closed.wait(), timeout=10)  # the deadline passed while nobody was reading
+        assert await answer.next_chunk() == b"partial"
+        with pytest.raises(TimeoutError):
+            await answer.next_chunk()  # the close was the deadline's, not the end of the body
+        answer.close()
+    finally:
+        await pool.close()
+
+
 async def test_an_unreachable_worker_raises(pool: WorkerClient) -> None:
     async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         return None

@@ -138,7 +138,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        if self._stage == _UNTIL_CLOSE:  # the worker's end is the body's end
+        if self._stage == _UNTIL_CLOSE and self._error is None:  # the worker's end is the body's end
             self.keep_alive = False
             self._complete()
         elif self._stage not in (_IDLE, _DONE, _CLOSED):
