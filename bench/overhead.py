@@ -6,8 +6,10 @@ plain chat completions and Program ones (an ``agentic_context``), at concurrency
 goes straight to the worker, so "added p50" is the router's median minus the direct one. "CPU µs/req" is the
 router's process-tree CPU time (user+system, from /proc) over the requests it proxied: wall time on a shared
 machine says little, CPU time says what the router costs. The upstream wheel is measured when
-``.venv-upstream/bin/vllm-router`` exists (``make upstream``). ``--profile`` runs progrouter under cProfile
-and prints its top functions by own time.
+``.venv-upstream/bin/vllm-router`` exists (``make upstream``). The "aiohttp floor" row is the trivial worker's
+own CPU per request under the same loads (an aiohttp server with one handler and no proxying): what any
+router served by aiohttp spends before doing anything. ``--profile`` runs progrouter under cProfile and
+prints its top functions by own time.
 
     .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
 """
@@ -41,6 +43,7 @@ UPSTREAM = ROOT / ".venv-upstream" / "bin" / "vllm-router"
 _MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
 PLAIN = json.dumps({"model": "bench", "messages": _MESSAGES, "max_tokens": 4, "stream": False}).encode()
 PROGRAMS = 8  # distinct Programs the Program load cycles through
+FLOOR = "aiohttp floor"
 
 
 def program_body(i: int) -> bytes:
@@ -194,6 +197,23 @@ async def measure(
     return rows, directs
 
 
+async def measure_floor(worker_pid: int, worker_port: int, requests: int) -> list[Row]:
+    """The trivial worker's own CPU per request under each load, driven as the routers are."""
+    url = f"http://127.0.0.1:{worker_port}/v1/chat/completions"
+    rows = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        for load in LOADS:
+            cpu0 = _tree_cpu(worker_pid)
+            await _load(session, url, load, requests, 1)
+            many = await _load(session, url, load, requests, 32)
+            cpu1 = _tree_cpu(worker_pid)
+            per_request = [
+                (after - before) / (2 * requests) * 1e6 for after, before in zip(cpu1, cpu0, strict=True)
+            ]
+            rows.append(Row(FLOOR, load, sum(per_request), per_request[1], 0.0, many.rps))
+    return rows
+
+
 def print_profile(path: str, top: int) -> None:
     print(f"\nprogrouter under cProfile, top {top} by own time (tottime):")
     pstats.Stats(path).strip_dirs().sort_stats("tottime").print_stats(top)
@@ -206,7 +226,7 @@ def summarize(runs: list[list[Row]]) -> None:
     CPU ratio (a shared machine inflates both routers' figures alike within one run, not across runs)."""
     keys = [(r.router, r.load) for r in runs[0]]
     header = (
-        f"{'router':>10} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6} {'× upstream':>10}"
+        f"{'router':>13} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6} {'× upstream':>10}"
         f" | {'added p50 ms min':>16} {'median':>7} | {'req/s@32 max':>12} {'median':>7}"
     )
     print(header)
@@ -226,7 +246,7 @@ def summarize(runs: list[list[Row]]) -> None:
         ]
         ratio = f"{statistics.median(ratios):.2f}" if ratios and router != "upstream" else "-"
         print(
-            f"{router:>10} {load:>8} | {min(cpu):>14.0f} {statistics.median(cpu):>7.0f}"
+            f"{router:>13} {load:>8} | {min(cpu):>14.0f} {statistics.median(cpu):>7.0f}"
             f" {statistics.median(c.sys_us for c in cells):>6.0f} {ratio:>10}"
             f" | {min(p50):>16.3f} {statistics.median(p50):>7.3f}"
             f" | {max(rps):>12.0f} {statistics.median(rps):>7.0f}"
@@ -251,6 +271,7 @@ async def bench(requests: int, repeat: int, profile: str | None) -> None:
             run: list[Row] = []
             for router in routers:
                 run.extend((await measure(router, worker_port, requests, None))[0])
+            run.extend(await measure_floor(worker.pid, worker_port, requests))
             runs.append(run)
     finally:
         worker.terminate()

@@ -105,6 +105,20 @@ def test_the_edge_middleware_composes_edge_rules_only() -> None:
     assert imported <= EDGE_MIDDLEWARE_IMPORTS, sorted(imported - EDGE_MIDDLEWARE_IMPORTS)
 
 
+# The worker hop: one module that speaks HTTP/1.1 to workers and knows no router internals; every proxied
+# request goes through it, never through aiohttp's client (which stays for health checks, the poller and the
+# admin fan-outs).
+def test_the_worker_hop_stands_alone_and_carries_every_proxied_request() -> None:
+    imported = {
+        name for name in _imports(SRC / "server" / "worker_client.py") if name.startswith("progrouter")
+    }
+    assert not imported, sorted(imported)
+    proxy = (SRC / "server" / "proxy.py").read_text()
+    assert "progrouter.server.worker_client" in _imports(SRC / "server" / "proxy.py")
+    for forbidden in ("ClientSession", "ClientResponse", "state.session", ".session"):
+        assert forbidden not in proxy, forbidden
+
+
 def _loaded_after_importing(modules: list[str], watched: tuple[str, ...]) -> str:
     """Which of ``watched`` a fresh interpreter has loaded after importing ``modules`` (a printed list)."""
     probe = (

@@ -1,4 +1,8 @@
-"""The aiohttp application: routes, and the lifecycle of the client session, health checks and the gate."""
+"""The aiohttp application: routes, and the lifecycle of the worker connections, health checks and the gate.
+
+The proxied requests go through the proxy's ``WorkerClient``; the aiohttp session serves the hops that are
+not hot (health checks, the /metrics poller, ``/v1/models`` and the admin fan-outs).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from progrouter.server.state import (
     build_state,
 )
 from progrouter.server.status import add_status_routes
+from progrouter.server.worker_client import WorkerClient
 
 log = logging.getLogger("progrouter.router")
 
@@ -133,6 +138,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if state.gate is not None:
             await state.gate.stop()
         await state.session.close()
+        await app[PROXY_KEY].workers.close()
 
 
 def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
@@ -166,8 +172,8 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
     breakers = Breakers(
         BreakerSettings.from_config(config), enabled=config.circuit_breaker_enabled, on_transition=transition
     )
-    proxy = Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config))
-    return proxy
+    workers = WorkerClient(config.request_timeout_secs)
+    return Proxy(RetryPolicy.from_config(config), breakers, InboundLimiter.from_config(config), workers)
 
 
 def build_app(

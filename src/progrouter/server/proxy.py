@@ -28,7 +28,6 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
@@ -48,6 +47,7 @@ from progrouter.server.request_id import HEADER as REQUEST_ID_HEADER
 from progrouter.server.request_id import REQUEST_ID
 from progrouter.server.retry import RetryPolicy, is_retryable
 from progrouter.server.state import STATE_KEY, RouterState
+from progrouter.server.worker_client import WorkerClient, WorkerConnection, WorkerError
 
 if TYPE_CHECKING:
     from progrouter.server.dashboard_summary import Summary
@@ -84,11 +84,13 @@ PROXIED_ROUTES = JSON_ROUTES | {
 
 @dataclass(eq=False)
 class Proxy:
-    """What the proxy keeps between requests: retry settings, circuit breakers, the inbound limiter."""
+    """What the proxy keeps between requests: retry settings, circuit breakers, the inbound limiter and the
+    connections to the workers."""
 
     retry: RetryPolicy
     breakers: Breakers
     limiter: InboundLimiter
+    workers: WorkerClient
     rng: random.Random = field(default_factory=random.Random)
 
     def available(self, candidates: Sequence[Target], now: float) -> list[Target]:
@@ -178,8 +180,10 @@ class _Relayed:
     worker_ok: bool  # what the circuit breaker hears: the worker answered, and not with a server error
 
 
-def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
-    return upstream.content_type == "text/event-stream" or upstream.content_length is None
+def _is_stream(upstream: WorkerConnection) -> bool:
+    content_type = upstream.headers.get("Content-Type", "")
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "text/event-stream" or upstream.content_length is None
 
 
 def _worker_ok(status: int) -> bool:
@@ -191,26 +195,22 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
 
     Raises AttemptFailed when nothing reached the client and the attempt is worth repeating.
     """
-    state = call.state
-    session = state.session
-    assert session is not None
     headers = call.headers
     if target.dp_rank is not None:
         headers = headers.copy()
         headers["X-data-parallel-rank"] = str(target.dp_rank)
-    url = target.base_url + call.request.path_qs
-    metrics = state.metrics
+    metrics = call.state.metrics
     try:
         # A worker's redirect is relayed, never followed: the router contacts configured workers only.
-        upstream = await session.request(
-            call.request.method, url, data=call.raw, headers=headers, allow_redirects=False
+        upstream = await call.proxy.workers.request(
+            call.request.method, target.base_url, call.request.path_qs, headers, call.raw
         )
     except TimeoutError as exc:
         metrics.upstream_errors.labels(target.id, "timeout").inc()
         raise AttemptFailed(504, f"worker {target.id} timed out", connection=False) from exc
-    except aiohttp.ClientError as exc:
+    except WorkerError as exc:
         metrics.upstream_errors.labels(target.id, "connection").inc()
-        raise AttemptFailed(502, f"worker {target.id} unreachable: {exc!r}", connection=True) from exc
+        raise AttemptFailed(502, f"worker {target.id} unreachable: {exc}", connection=True) from exc
 
     relayed: web.StreamResponse | None = None
     complete = False
@@ -223,7 +223,7 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
             relayed = web.StreamResponse(status=status, headers=response_headers(upstream.headers))
             try:
                 await relayed.prepare(call.request)
-                async for chunk in upstream.content.iter_any():
+                while chunk := await upstream.next_chunk():
                     if ticket is not None:
                         ticket.observe_sse(chunk)
                     await relayed.write(chunk)
@@ -242,11 +242,11 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
             relayed = web.Response(status=status, body=data, headers=response_headers(upstream.headers))
         complete = True
         return _Relayed(relayed, 200 <= status < 300, _worker_ok(status))
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (WorkerError, TimeoutError) as exc:
         kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
         metrics.upstream_errors.labels(target.id, kind).inc()
         if relayed is None or not relayed.prepared:
-            status, cause = (504, "timed out") if kind == "timeout" else (502, f"failed: {exc!r}")
+            status, cause = (504, "timed out") if kind == "timeout" else (502, f"failed: {exc}")
             raise AttemptFailed(status, f"worker {target.id} {cause}", connection=False) from exc
         # Headers and part of the stream are out: the only honest signal left is a broken connection.
         log.warning("stream from %s broke off after the response started: %r", target.id, exc)
