@@ -371,3 +371,24 @@ async def test_the_router_relays_a_chunked_json_answer_and_a_closing_worker(
             assert "Connection" not in resp.headers  # the worker's hop-by-hop header is not relayed
     # A chunked answer read whole leaves its connection for the next request; a closing worker's does not.
     assert worker.peers[0] == worker.peers[1] != worker.peers[2] == worker.peers[3]
+
+
+async def test_credentials_in_the_worker_url_become_basic_auth_unless_the_request_has_its_own(
+    worker: Worker, pool: WorkerClient
+) -> None:
+    # aiohttp's client did this for `http://user:pass@host` workers, and so does upstream's (reqwest).
+    url = worker.url.replace("http://", "http://alice:s%20cret@")
+    answer = await pool.request("POST", url, "/length", {}, BODY)
+    await answer.read()
+    answer.release()
+    assert worker.heads[-1]["Authorization"] == aiohttp.BasicAuth("alice", "s cret").encode()
+    assert worker.heads[-1]["Host"] == worker.url.removeprefix("http://")
+    own = "Bearer client-token"
+    answer = await pool.request("POST", url, "/length", {"Authorization": own}, BODY)
+    await answer.read()
+    answer.release()
+    assert worker.heads[-1]["Authorization"] == own
+    answer = await pool.request("POST", worker.url, "/length", {}, BODY)
+    await answer.read()
+    answer.release()
+    assert "Authorization" not in worker.heads[-1]

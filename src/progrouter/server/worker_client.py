@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
+from aiohttp import BasicAuth
 from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict
 from yarl import URL
@@ -55,6 +56,7 @@ class _Endpoint:
     tls: ssl.SSLContext | None
     prefix: str  # the base URL's own path, put before each request's path
     host_header: str
+    authorization: str | None  # Basic credentials from the URL's user info (http://user:pass@host)
 
     @classmethod
     def parse(cls, base_url: str, tls: ssl.SSLContext | None) -> _Endpoint:
@@ -66,13 +68,18 @@ class _Endpoint:
         if url.explicit_port is not None and url.port != (443 if url.scheme == "https" else 80):
             authority += f":{url.port}"
         prefix = url.raw_path.rstrip("/")
-        return cls(host, url.port, tls if url.scheme == "https" else None, prefix, authority)
+        credentials = None
+        if url.user is not None:
+            credentials = BasicAuth(url.user, url.password or "").encode()
+        return cls(host, url.port, tls if url.scheme == "https" else None, prefix, authority, credentials)
 
 
 def _head(method: str, endpoint: _Endpoint, path_qs: str, headers: Mapping[str, str], length: int) -> bytes:
     """The request line and headers, with what aiohttp's client added (Host, Accept, User-Agent,
     Content-Type, Content-Length), refused when a header would hold CR or LF."""
     lines = [f"{name}: {value}\r\n" for name, value in headers.items()]
+    if endpoint.authorization is not None and "Authorization" not in headers:
+        lines.append(f"Authorization: {endpoint.authorization}\r\n")
     if "Accept" not in headers:
         lines.append("Accept: */*\r\n")
     if "User-Agent" not in headers:
