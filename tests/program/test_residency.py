@@ -105,9 +105,8 @@ def test_a_new_program_binds_to_the_rank_holding_its_prompt(harness: Any) -> Non
     assert h.program("r")["resident_tokens"] is None  # type: ignore[index]
 
 
-def test_config_refuses_residency_without_sources_and_bad_sources() -> None:
-    with pytest.raises(ValueError, match="residency_aware needs kv_event_sources"):
-        ProgramSchedulingConfig(residency_aware=True)
+def test_config_refuses_bad_sources() -> None:
+    """(A router without any source is refused by ``RouterConfig``: tests/test_config.py.)"""
     with pytest.raises(ValueError, match="has no kv_event_sources entry"):
         ProgramSchedulingConfig(**SOURCES, kv_event_replay_sources={"http://x:2": "tcp://127.0.0.1:1"})
     with pytest.raises(ValueError, match="must start with tcp:// or ipc://"):

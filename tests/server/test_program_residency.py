@@ -7,10 +7,9 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.routing.kv_residency import chain_keys
 from progrouter.routing.target import Target
+from progrouter.program.residency_prompts import SAMPLED_BLOCKS, PromptSample
 from progrouter.server.program_residency import (
-    SAMPLED_BLOCKS,
     ProgramResidency,
-    PromptSample,
     prompt_token_ids,
 )
 
@@ -25,9 +24,7 @@ def shell(**config: object) -> ProgramResidency:
         kv_event_block_size=BS,
         **config,  # type: ignore[arg-type]
     )
-    residency = ProgramResidency.from_config(cfg, CollectorRegistry())
-    assert residency is not None
-    return residency
+    return ProgramResidency(cfg, CollectorRegistry())
 
 
 def store(residency: ProgramResidency, rank: str, seq: int, tokens: list[int]) -> None:

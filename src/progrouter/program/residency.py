@@ -22,6 +22,7 @@ Functions here only read; ``ResidencyBook`` is the one owner of the facts and dr
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -62,12 +63,15 @@ class ResidencyFacts:
 
 
 class ResidencyBook:
-    """The latest facts per Program. A report replaces them all, so released Programs drop out with it."""
+    """The latest facts per Program. A report replaces them all, so released Programs drop out with it.
+    ``fired`` counts how often each rule changed a decision (``ttl_end``, ``stay_home`` per cross-Rank pass,
+    ``holder_bind``), for the simulator's and the bench's reports."""
 
-    __slots__ = ("_facts",)
+    __slots__ = ("_facts", "fired")
 
     def __init__(self) -> None:
         self._facts: dict[Program, ResidencyFacts] = {}
+        self.fired: Counter[str] = Counter()
 
     def get(self, program: Program) -> ResidencyFacts | None:
         return self._facts.get(program)
@@ -135,6 +139,7 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
             book[program] = ResidencyFacts(tokens, now, covered)
     core.residency.replace(book)
     for program in in_vain(core, book):
+        core.residency.fired["ttl_end"] += 1
         target = program.placement
         core.observer.event("info", "residency_ttl_end", program=program.redacted, target=target)
         lifecycle.expire_ttl(core, program, now)
@@ -151,14 +156,21 @@ def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
     if not core.config.residency_aware or request.resident_tokens is None:
         return None
     facts = ResidencyFacts(request.resident_tokens, 0.0)
-    return holder(facts, core.pool_targets.get(request.model_pool, ()))
+    home = holder(facts, core.pool_targets.get(request.model_pool, ()))
+    if home is not None:
+        core.residency.fired["holder_bind"] += 1
+    return home
 
 
 def keeps_source(core: Residencies, program: Program) -> bool:
     """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
     if not core.config.residency_aware:
         return False
-    return stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+    book = core.residency
+    kept = stays_home(program, book.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+    if kept:
+        book.fired["stay_home"] += 1
+    return kept
 
 
 def destination_order(core: Residencies, program: Program, destination: str) -> int:

@@ -42,6 +42,7 @@ from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
 from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
+from progrouter.routing.kv_residency import ResidencyIndex
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
@@ -128,6 +129,7 @@ class ProgramGate:
         session: aiohttp.ClientSession,
         registry: CollectorRegistry,
         cache_index: CacheAwareIndex | None,
+        kv_index: ResidencyIndex | None = None,  # --policy kv_aware's, shared with residency_aware
     ) -> None:
         program = config.program_scheduling
         if program is None:
@@ -147,7 +149,7 @@ class ProgramGate:
         self._observation: asyncio.Task[None] | None = None
         self._last_tick = float("-inf")
         self._wake_at = float("inf")  # when the sleeping driver wakes by itself
-        self.residency = ProgramResidency.from_config(program, registry)
+        self.residency = ProgramResidency.from_config(config, registry, kv_index)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:

@@ -17,6 +17,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
+from progrouter.routing.kv_aware import KvAwarePolicy
+from progrouter.routing.kv_residency import ResidencyIndex
 from progrouter.routing.policies import RoutingPolicy, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target, expand_targets
@@ -46,6 +48,12 @@ class RouterState:
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @property
+    def kv_index(self) -> ResidencyIndex | None:
+        """``--policy kv_aware``'s residency index, which its KV event subscribers fill (one per Rank) and
+        residency-aware Program scheduling reads too; None with any other policy."""
+        return self.policy.index if isinstance(self.policy, KvAwarePolicy) else None
 
     @property
     def worker_urls(self) -> list[str]:
