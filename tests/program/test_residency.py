@@ -18,8 +18,10 @@ pytestmark = pytest.mark.timeout(30)
 SOURCES = {"kv_event_sources": {"http://w:1": "tcp://127.0.0.1:5557"}}
 
 
-def arrive(h: Harness, program_id: str, resident: dict[str, int] | None, context: int = 100) -> RequestHandle:
-    request = ProgramRequest(identity(program_id), RequestHints(), POOL, context, resident_tokens=resident)
+def arrive(h: Harness, program_id: str, resident: dict[str, int] | None, covered: int = 64) -> RequestHandle:
+    """A new request of ``covered`` full-block tokens (100 in all), ``resident`` of them held per Rank."""
+    report = None if resident is None else (covered, resident)
+    request = ProgramRequest(identity(program_id), RequestHints(), POOL, 100, residency=report)
     handle = h.scheduler.arrive(h.now, request)
     h.drain()
     return handle
@@ -99,8 +101,12 @@ def test_a_new_program_binds_to_the_rank_holding_its_prompt(harness: Any) -> Non
     assert h.target_of(second) == T0
     third = arrive(h, "r", None)  # a text prompt (no token ids): the strategy decides
     assert h.target_of(third) == T1
-    fourth = arrive(h, "s", {T0: 2048, T1: 2048})  # a system prompt every Rank holds: no reason
+    fourth = arrive(h, "s", {T0: 32, T1: 32})  # a system prompt every Rank holds: no reason
     assert h.target_of(fourth) == T0
+    fifth = arrive(h, "t", {T0: 0, T1: 48})  # a system prompt only T1 holds yet (75 %): no reason either
+    assert h.target_of(fifth) == T1  # (round robin's turn)
+    sixth = arrive(h, "u", {T0: 0, T1: 58})  # 58 of 64: a continuous hit's 90 % (a fork, a new id)
+    assert h.target_of(sixth) == T1  # round robin would give T0
     assert h.program("p")["resident_tokens"] == 64  # type: ignore[index]
     assert h.program("r")["resident_tokens"] is None  # type: ignore[index]
 

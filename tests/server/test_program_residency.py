@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.residency_prompts import SAMPLED_BLOCKS, PromptSample
 from progrouter.routing.kv_residency import chain_keys
 from progrouter.routing.target import Target
-from progrouter.program.residency_prompts import SAMPLED_BLOCKS, PromptSample
 from progrouter.server.program_residency import (
     ProgramResidency,
     prompt_token_ids,
@@ -52,7 +52,7 @@ def test_a_short_prompt_is_kept_whole_and_a_long_one_sampled() -> None:
 def test_reports_say_what_each_known_rank_holds() -> None:
     residency = shell()
     prompt = list(range(100, 100 + 10 * BS + 2))  # 10 full blocks and 2 tokens
-    assert residency.arrival(("pool", "a"), {"prompt": prompt}, RANKS) == {}  # nobody heard yet: unknown
+    assert residency.arrival(("pool", "a"), {"prompt": prompt}, RANKS) == (10 * BS, {})  # unknown Ranks
     store(residency, RANKS[0].id, 0, prompt[: 6 * BS])
     store(residency, RANKS[1].id, 0, [7] * BS)
     assert residency.report(RANKS) == {("pool", "a"): (10 * BS, {RANKS[0].id: 6 * BS, RANKS[1].id: 0})}

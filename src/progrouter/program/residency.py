@@ -2,7 +2,7 @@
 
 The shell reads each Rank's vLLM KV events into a residency index and reports, per Program, how many
 leading tokens of its last prompt each Rank holds (``ResidencyFacts``): at arrival
-(``ProgramRequest.resident_tokens``) and every observation interval
+(``ProgramRequest.residency``) and every observation interval
 (``ProgramScheduler.observe_residency``). Ranks whose events are unknown (no source, silent, never heard)
 are absent, and then the old behaviour holds. The rules:
 
@@ -13,15 +13,17 @@ are absent, and then the old behaviour holds. The rules:
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
   move it unless it is forced;
-- **prefer the holder**: a cross-Rank move, and the first binding of a new Program, go to the Rank holding
-  the longest prefix of its prompt. What every Rank holds (a system prompt all share) is no reason to prefer
-  one: a tie at the top leaves the choice to the usual order (binding strategy, cross-Rank ranking).
+- **prefer the holder**: a cross-Rank move goes to the Rank holding the longest prefix of its prompt, and a
+  new Program binds to the Rank holding (nearly) all of it. What every Rank holds (a system prompt all share)
+  is no reason to prefer one: a tie at the top leaves the choice to the usual order (binding strategy,
+  cross-Rank ranking); nor is a part of it one Rank holds (the same system prompt, held by one Rank first).
 
 Functions here only read; ``ResidencyBook`` is the one owner of the facts and drops them with each report.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -147,16 +149,20 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
 
 def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
     """The request's own residency report is the Program's freshest."""
-    if core.config.residency_aware and request.resident_tokens is not None:
-        core.residency.record(program, ResidencyFacts(request.resident_tokens, now))
+    if core.config.residency_aware and request.residency is not None:
+        covered, tokens = request.residency
+        core.residency.record(program, ResidencyFacts(tokens, now, covered))
 
 
 def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
-    """A new Program's first Rank: the one holding its prompt's prefix, if any Rank of its pool does."""
-    if not core.config.residency_aware or request.resident_tokens is None:
+    """A new Program's first Rank: the one holding its prompt as a continuous cache hit would (90 % of it:
+    a fork of a resident Program, a conversation going on under a new id), if one Rank of its pool does. Less
+    is no reason: a system prompt one Rank happens to hold first would draw every new Program there."""
+    if not core.config.residency_aware or request.residency is None or not request.residency[0]:
         return None
-    facts = ResidencyFacts(request.resident_tokens, 0.0)
-    home = holder(facts, core.pool_targets.get(request.model_pool, ()))
+    covered, tokens = request.residency
+    floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
+    home = holder(ResidencyFacts(tokens, 0.0, covered), core.pool_targets.get(request.model_pool, ()), floor)
     if home is not None:
         core.residency.fired["holder_bind"] += 1
     return home

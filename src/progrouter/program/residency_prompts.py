@@ -57,14 +57,14 @@ class ProgramPrompts:
 
     def arrival(
         self, key: ProgramKey, block_keys: Sequence[int], match: Match, target_ids: Iterable[str]
-    ) -> dict[str, int]:
-        """Remember the prompt's keys for the Program; the tokens of it each known Rank holds now."""
+    ) -> Report:
+        """Remember the prompt's keys for the Program; its report now (full-block tokens, held per Rank)."""
         sample = PromptSample.of(block_keys)
         self._prompts[key] = sample
         self._prompts.move_to_end(key)
         while len(self._prompts) > self._max_programs:
             self._prompts.popitem(last=False)
-        return self._resident(sample, match, target_ids)
+        return sample.blocks * self.block_size, self._resident(sample, match, target_ids)
 
     def report(self, match: Match, target_ids: Sequence[str]) -> dict[ProgramKey, Report]:
         """Every remembered Program's full-block tokens and resident tokens per known Rank."""

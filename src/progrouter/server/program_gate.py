@@ -218,7 +218,7 @@ class ProgramGate:
             model_pool=pool,
             estimated_context_tokens=estimate.tokens,
             routing_text=routing_text(body) if self._keep_text else None,
-            resident_tokens=None
+            residency=None
             if self.residency is None
             else self.residency.arrival((pool, found.identity.program_id), body, self._targets),
         )

@@ -77,8 +77,8 @@ class ProgramResidency:
 
     def arrival(
         self, key: ProgramKey, body: Mapping[str, Any] | None, targets: Sequence[Target]
-    ) -> dict[str, int] | None:
-        """Remember the prompt's chain keys for the Program; the tokens of it each known Rank holds now."""
+    ) -> Report | None:
+        """Remember the prompt's chain keys for the Program; its report now (None: not token ids)."""
         tokens = prompt_token_ids(body)
         if tokens is None:
             return None

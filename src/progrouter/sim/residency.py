@@ -62,7 +62,7 @@ class SimResidency:
             n += 1
         return n
 
-    def arrival(self, key: ProgramKey, request: SimRequest) -> dict[str, int]:
+    def arrival(self, key: ProgramKey, request: SimRequest) -> Report:
         hashes = block_hashes(self._prompt_of(request, self.block_size), self.block_size)
         return self._prompts.arrival(key, hashes, self.match, self._target_ids)
 

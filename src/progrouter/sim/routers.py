@@ -180,7 +180,7 @@ class ProgramRouter:
             hints=found.hints,
             model_pool=MODEL_POOL,
             estimated_context_tokens=request.request.input_tokens,
-            resident_tokens=None
+            residency=None
             if self.residency is None
             else self.residency.arrival((MODEL_POOL, found.identity.program_id), request),
         )
