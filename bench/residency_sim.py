@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
 from progrouter.sim import cli as sim_cli
+from progrouter.sim.residency import rules_fired
 from progrouter.sim.routers import ProgramRouter
 from progrouter.sim.simulation import Simulation
 
@@ -42,7 +40,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict[str, Any]]:
         result = sim.run()
         figures = result.figures
         assert isinstance(sim.router, ProgramRouter)
-        fired = sim.router.scheduler.residency_fired()
+        fired = rules_fired(sim.router.observer)
         out[arm.name] = {
             "jct_mean": figures["jct_seconds"]["mean"],
             "jct_p90": figures["jct_seconds"]["p90"],

@@ -10,6 +10,7 @@ import pytest
 
 from progrouter.sim.arms import Hint, variant_arm
 from progrouter.sim.ranks import FleetSpec
+from progrouter.sim.residency import rules_fired
 from progrouter.sim.routers import ProgramRouter
 from progrouter.sim.simulation import ArmResult, Simulation
 from progrouter.workload.generators import CodingWorkload, GapModel, generate
@@ -31,7 +32,7 @@ def run(
     sim = Simulation(generate(workload), fleet, arm)
     result = sim.run()
     assert isinstance(sim.router, ProgramRouter)
-    return result, sim.router.scheduler.residency_fired()
+    return result, rules_fired(sim.router.observer)
 
 
 def jct(result: ArmResult) -> float:

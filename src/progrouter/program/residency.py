@@ -24,7 +24,6 @@ Functions here only read; ``ResidencyBook`` is the one owner of the facts and dr
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -36,6 +35,7 @@ from progrouter.program.state import ProgramState, ProgramStatus
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core import Core
+    from progrouter.program.observer import SchedulerObserver
     from progrouter.program.outcomes import ProgramRequest
     from progrouter.program.state import Program
 
@@ -49,6 +49,13 @@ class Residencies(Protocol):
     def residency(self) -> ResidencyBook: ...
     @property
     def pool_targets(self) -> dict[str, list[str]]: ...
+    @property
+    def observer(self) -> SchedulerObserver: ...
+
+
+def fired(core: Residencies, rule: str) -> None:
+    """A rule changed a decision: ``residency_rule_total{rule}`` (ttl_end, stay_home, holder_bind)."""
+    core.observer.counter("residency_rule_total", rule=rule)
 
 
 Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)
@@ -65,15 +72,12 @@ class ResidencyFacts:
 
 
 class ResidencyBook:
-    """The latest facts per Program. A report replaces them all, so released Programs drop out with it.
-    ``fired`` counts how often each rule changed a decision (``ttl_end``, ``stay_home`` per cross-Rank pass,
-    ``holder_bind``), for the simulator's and the bench's reports."""
+    """The latest facts per Program. A report replaces them all, so released Programs drop out with it."""
 
-    __slots__ = ("_facts", "fired")
+    __slots__ = ("_facts",)
 
     def __init__(self) -> None:
         self._facts: dict[Program, ResidencyFacts] = {}
-        self.fired: Counter[str] = Counter()
 
     def get(self, program: Program) -> ResidencyFacts | None:
         return self._facts.get(program)
@@ -141,7 +145,7 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
             book[program] = ResidencyFacts(tokens, now, covered)
     core.residency.replace(book)
     for program in in_vain(core, book):
-        core.residency.fired["ttl_end"] += 1
+        fired(core, "ttl_end")
         target = program.placement
         core.observer.event("info", "residency_ttl_end", program=program.redacted, target=target)
         lifecycle.expire_ttl(core, program, now)
@@ -164,7 +168,7 @@ def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
     floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
     home = holder(ResidencyFacts(tokens, 0.0, covered), core.pool_targets.get(request.model_pool, ()), floor)
     if home is not None:
-        core.residency.fired["holder_bind"] += 1
+        fired(core, "holder_bind")
     return home
 
 
@@ -172,10 +176,9 @@ def keeps_source(core: Residencies, program: Program) -> bool:
     """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
     if not core.config.residency_aware:
         return False
-    book = core.residency
-    kept = stays_home(program, book.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+    kept = stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
     if kept:
-        book.fired["stay_home"] += 1
+        fired(core, "stay_home")
     return kept
 
 

@@ -355,10 +355,6 @@ class ProgramScheduler:
         residency.apply_report(self._core, reports, now)
         self._decide(now)
 
-    def residency_fired(self) -> dict[str, int]:
-        """How often each residency rule changed a decision (``residency.ResidencyBook.fired``)."""
-        return dict(self._core.residency.fired)
-
     # ------------------------------------------------------------------------------------------ outputs
     def take_outcomes(self) -> list[Outcome]:
         core = self._core

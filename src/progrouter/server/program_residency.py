@@ -2,9 +2,11 @@
 residency index they feed, and the prompt chain keys each Program's residency reports are made of.
 
 Sources come from ``kv_event_sources`` (worker URL -> the endpoint of its ``--kv-events-config``; Rank r of a
-worker publishes on port + r, as vLLM derives it). A Program's prompt is matched only when the request gives
-it as token ids (``prompt``: a list of ints), so no request costs a tokenizer call; a text or chat prompt
-leaves the Program unknown and its scheduling as without residency.
+worker publishes on port + r, as vLLM derives it), or with ``--policy kv_aware`` from the policy, whose index
+this then reads (one subscriber per Rank either way). Token-id prompts are matched as they are; text and chat
+prompts need ``--tokenizer`` (kv_aware's, when it runs), and a body over ``OFFLOAD_BYTES`` is tokenized in a
+worker thread, off the event loop. Without a tokenizer a text or chat prompt leaves the Program unknown and
+its scheduling as without residency.
 
 Memory stays bounded (``program.residency_prompts``: at most 64 sampled keys per Program, at most
 ``max_paused_programs + max_pooled_requests`` Programs).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,19 +26,15 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
 from progrouter.engine.kv_events import rank_endpoint
-from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber
+from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber, in_worker_thread
 from progrouter.program.residency import Report
 from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
+from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
+from progrouter.routing.tokenize import PromptTokenizer, needs_tokenizer, prompt_token_ids
 
-
-def prompt_token_ids(body: Mapping[str, Any] | None) -> list[int] | None:
-    """The prompt when the request gives it as token ids (a completions ``prompt`` list of ints)."""
-    prompt = None if body is None else body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        return prompt
-    return None
+log = logging.getLogger(__name__)
 
 
 class ProgramResidency:
@@ -47,43 +46,62 @@ class ProgramResidency:
         config: ProgramSchedulingConfig,
         registry: CollectorRegistry,
         *,
+        tokenizer: PromptTokenizer | None = None,
         shared: ResidencyIndex | None = None,
         block_size: int | None = None,
     ) -> None:
         self.block_size = block_size or config.kv_event_block_size
+        self.tokenizer = tokenizer
         self.index = ResidencyIndex() if shared is None else shared
         self._subscriptions = None if shared is not None else RankSubscriptions(config, self.index, registry)
         self._prompts = ProgramPrompts(
             self.block_size, config.max_paused_programs + config.max_pooled_requests
         )
+        self._target_ids: list[str] = []
 
     @classmethod
     def from_config(
-        cls, config: RouterConfig, registry: CollectorRegistry, kv_index: ResidencyIndex | None
+        cls, config: RouterConfig, registry: CollectorRegistry, kv_aware: KvAwarePolicy | None
     ) -> ProgramResidency | None:
         """The one place the gate learns whether Program scheduling reads KV events. With ``--policy
-        kv_aware`` (``kv_index``: the policy's) it reads the policy's index: one subscriber per Rank, one set
-        of kv-events metrics, the policy's block size."""
+        kv_aware`` it reads the policy's index: one subscriber per Rank, one set of kv-events metrics, the
+        policy's block size and tokenizer."""
         program = config.program_scheduling
         if program is None or not program.residency_aware:
             return None
-        if kv_index is None:
-            return cls(program, registry)
-        return cls(program, registry, shared=kv_index, block_size=config.kv_event_block_size)
+        if kv_aware is not None:
+            return cls(
+                program,
+                registry,
+                tokenizer=kv_aware.tokenizer,
+                shared=kv_aware.index,
+                block_size=config.kv_event_block_size,
+            )
+        tokenizer = PromptTokenizer.load(config.tokenizer) if config.tokenizer is not None else None
+        if tokenizer is None:
+            log.warning("residency_aware: no --tokenizer, so only token-id prompts are matched")
+        return cls(program, registry, tokenizer=tokenizer)
 
     def set_targets(self, targets: Sequence[Target]) -> None:
+        self._target_ids = [t.id for t in targets]
         if self._subscriptions is not None:
             self._subscriptions.set_targets(targets)
 
-    def arrival(
-        self, key: ProgramKey, body: Mapping[str, Any] | None, targets: Sequence[Target]
+    async def arrival(
+        self, key: ProgramKey, body: Mapping[str, Any] | None, raw_body: bytes
     ) -> Report | None:
-        """Remember the prompt's chain keys for the Program; its report now (None: not token ids)."""
-        tokens = prompt_token_ids(body)
-        if tokens is None:
+        """Remember the prompt's chain keys for the Program; its report now (None: its ids are unknown)."""
+        if self.tokenizer is not None and len(raw_body) >= OFFLOAD_BYTES and needs_tokenizer(body):
+            keys = await in_worker_thread(lambda: self._keys(body))
+        else:
+            keys = self._keys(body)
+        if keys is None:
             return None
-        keys = chain_keys(tokens, self.block_size)
-        return self._prompts.arrival(key, keys, self.index.match, [t.id for t in targets])
+        return self._prompts.arrival(key, keys, self.index.match, self._target_ids)
+
+    def _keys(self, body: Mapping[str, Any] | None) -> list[int] | None:
+        ids = prompt_token_ids(body, self.tokenizer)
+        return None if ids is None else chain_keys(ids, self.block_size)
 
     def report(self, targets: Sequence[Target]) -> dict[ProgramKey, Report]:
         """Every remembered Program's full-block tokens and resident tokens per known Rank (silent Ranks

@@ -18,7 +18,6 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.routing.kv_aware import KvAwarePolicy
-from progrouter.routing.kv_residency import ResidencyIndex
 from progrouter.routing.policies import RoutingPolicy, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target, expand_targets
@@ -50,10 +49,10 @@ class RouterState:
         self.idle.set()
 
     @property
-    def kv_index(self) -> ResidencyIndex | None:
-        """``--policy kv_aware``'s residency index, which its KV event subscribers fill (one per Rank) and
-        residency-aware Program scheduling reads too; None with any other policy."""
-        return self.policy.index if isinstance(self.policy, KvAwarePolicy) else None
+    def kv_aware(self) -> KvAwarePolicy | None:
+        """``--policy kv_aware``, whose index (its KV event subscribers fill it, one per Rank) and tokenizer
+        residency-aware Program scheduling uses too; None with any other policy."""
+        return self.policy if isinstance(self.policy, KvAwarePolicy) else None
 
     @property
     def worker_urls(self) -> list[str]:

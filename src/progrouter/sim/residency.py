@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import PromptBlocks
 from progrouter.engine.request import chain_hashes
+from progrouter.program.observer import RecordingObserver
 from progrouter.program.residency import Report
 from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.sim.ranks import SimRank
@@ -22,6 +23,12 @@ from progrouter.sim.requests import SimRequest
 
 #: The prompt a request sends its Rank (``Simulation._prompt``): block hashes, or token ids.
 PromptOf = Callable[[SimRequest, int], PromptBlocks | list[int]]
+
+
+def rules_fired(observer: RecordingObserver) -> dict[str, int]:
+    """How often each residency rule changed a decision in a run (``residency_rule_total{rule}``)."""
+    counters = observer.counters.items()
+    return {dict(labels)["rule"]: int(n) for (name, labels), n in counters if name == "residency_rule_total"}
 
 
 def block_hashes(prompt: PromptBlocks | list[int], block_size: int) -> Sequence[int]:
