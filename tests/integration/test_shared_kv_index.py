@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.kv_residency import chain_keys
 from support.factories import EngineFactory, RouterFactory
 from support.kv_events import events_config
+from support.tiny_tokenizer import write_tiny_tokenizer
 
 from .test_kv_aware import BS, post, served, sources, until
 
@@ -77,3 +79,45 @@ async def test_programs_bind_by_the_index_kv_aware_fills(
     before = served(engine)
     await post(router.url, {"prompt": [*prompts["p1"], 9]})
     assert [a - b for a, b in zip(served(engine), before, strict=True)] == [0, 1]
+
+
+async def test_a_chat_program_is_matched_through_the_policys_tokenizer(
+    make_engine: EngineFactory, make_router: RouterFactory, tmp_path: Path
+) -> None:
+    """The emulator has its own word tokenizer, so each Rank is given the ids the tiny model's template gives
+    (as test_kv_aware does); a chat Program arriving through the router is keyed by the same ids (the
+    policy's tokenizer) and binds to the Rank holding them."""
+    cfg = events_config()
+    engine = await make_engine(data_parallel_size=2, kv_events_config=cfg)
+    folder = write_tiny_tokenizer(tmp_path / "model")
+    program = {"residency_aware": True, "token_capacity_per_dp_rank": 3000, "metrics_interval_seconds": 0.1}
+    router = await make_router([engine.url], program, tokenizer=str(folder), **sources(engine, cfg))
+    policy = router.state.policy
+    assert isinstance(policy, KvAwarePolicy) and policy.tokenizer is not None
+    holders = {"c0": 0, "c1": 1, "c2": 0, "c3": 1}
+    chats = {
+        p: [{"role": "user", "content": " ".join(f"w{i * 97 + k}" for k in range(80))}]
+        for i, p in enumerate(holders)
+    }
+    ranks = [f"{engine.url}@0", f"{engine.url}@1"]
+    for p, rank in holders.items():
+        ids = policy.tokenizer.encode_chat(chats[p])
+        await post(engine.url, {"prompt": ids}, {"X-data-parallel-rank": str(rank)})
+        await until(lambda i=ids, r=rank: policy.index.match(ranks[r], chain_keys(i, BS)) == len(i) // BS)
+    before = served(engine)
+    for p in holders:
+        context = {"program_id": p, "kv_retention_ttl_seconds": 30}
+        body = {
+            "model": engine.config.model_name,
+            "max_tokens": 1,
+            "messages": chats[p],
+            "vllm_xargs": {"agentic_context": json.dumps(context)},
+        }
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(router.url + "/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+    assert [a - b for a, b in zip(served(engine), before, strict=True)] == [2, 2]
+    placed = await programs(router.url)
+    assert len(placed) == 4 and all(p["resident_tokens"] > 0 for p in placed)  # each on its holder
