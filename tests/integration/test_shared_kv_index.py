@@ -14,7 +14,7 @@ import pytest
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.kv_residency import chain_keys
 from support.factories import EngineFactory, RouterFactory
-from support.kv_events import events_config
+from support.kv_events import events_config, until_heard
 from support.tiny_tokenizer import write_tiny_tokenizer
 
 from .test_kv_aware import BS, post, served, sources, until
@@ -57,6 +57,7 @@ async def test_programs_bind_by_the_index_kv_aware_fills(
         ]
     )
     ranks = [f"{engine.url}@0", f"{engine.url}@1"]
+    await until_heard(engine.url, [0, 1], lambda r: policy.index.match(ranks[r], []) is not None, BS)
     holders = {
         f"p{i}": i % 2 for i in range(4)
     }  # alternate: a binding strategy agrees with all by chance 1/16
@@ -100,6 +101,7 @@ async def test_a_chat_program_is_matched_through_the_policys_tokenizer(
         for i, p in enumerate(holders)
     }
     ranks = [f"{engine.url}@0", f"{engine.url}@1"]
+    await until_heard(engine.url, [0, 1], lambda r: policy.index.match(ranks[r], []) is not None, BS)
     for p, rank in holders.items():
         ids = policy.tokenizer.encode_chat(chats[p])
         await post(engine.url, {"prompt": ids}, {"X-data-parallel-rank": str(rank)})
