@@ -69,10 +69,13 @@ def test_facts_from_before_the_last_completion_prove_nothing(harness: Any) -> No
     h, _ = acting_and_waiting(harness, residency_aware=True, **SOURCES)
     program = h.scheduler._core.table.get(POOL, "a")
     assert program is not None  # finished at 2.0: what a Rank held at 1.5 says nothing of its TTL
-    assert not held_in_vain(program, ResidencyFacts({T0: 0}, 1.5, 1000))
-    assert held_in_vain(program, ResidencyFacts({T0: 0}, 2.0, 1000))
-    assert held_in_vain(program, ResidencyFacts({T0: 899}, 2.0, 1000))  # below a continuous hit's 90 %
-    assert not held_in_vain(program, ResidencyFacts({T0: 0}, 2.0, 0))  # a prompt shorter than a block
+    assert not held_in_vain(program, ResidencyFacts({T0: 0}, 1.5, 1000), 0.0)
+    assert held_in_vain(program, ResidencyFacts({T0: 0}, 2.0, 1000), 0.0)
+    assert held_in_vain(program, ResidencyFacts({T0: 899}, 2.0, 1000), 0.0)  # below a continuous hit's 90 %
+    assert not held_in_vain(program, ResidencyFacts({T0: 0}, 2.0, 0), 0.0)  # a prompt shorter than a block
+    # Nor what it held within ``settle`` of the finish: the events of the blocks it stored may be on the way.
+    assert not held_in_vain(program, ResidencyFacts({T0: 0}, 2.5, 1000), 1.0)
+    assert held_in_vain(program, ResidencyFacts({T0: 0}, 3.0, 1000), 1.0)
 
 
 def test_a_program_whose_prefix_its_rank_still_holds_is_not_moved_across(harness: Any) -> None:

@@ -7,8 +7,9 @@ leading tokens of its last prompt each Rank holds (``ResidencyFacts``): at arriv
 are absent, and then the old behaviour holds. The rules:
 
 - **held in vain**: an Acting Program keeps its tokens charged for its TTL so that its KV survives the tool
-  call; once its Rank holds less of its last prompt than a continuous cache hit needs (90 %, as
-  ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
+  call; once its Rank (a metrics interval or more after its last request finished, so that the events of
+  what that request stored have arrived) holds less of its last prompt than a continuous cache hit needs
+  (90 %, as ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
   ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
@@ -96,14 +97,15 @@ def resident_on(facts: ResidencyFacts | None, target_id: str | None) -> int | No
     return facts.resident_tokens.get(target_id)
 
 
-def held_in_vain(program: Program, facts: ResidencyFacts | None) -> bool:
-    """An Acting Program's TTL protects little: its Rank, observed after its last request finished, holds
-    less of its last prompt than a continuous cache hit needs."""
+def held_in_vain(program: Program, facts: ResidencyFacts | None, settle: float) -> bool:
+    """An Acting Program's TTL protects little: its Rank, observed at least ``settle`` seconds after its last
+    request finished (time for the events of the blocks that request stored to reach the router: a report
+    sooner could miss them), holds less of its last prompt than a continuous cache hit needs."""
     if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or program.acting_ttl is None:
         return False
     held = resident_on(facts, program.placement)
     finished = program.completions.last_finished_at
-    if held is None or facts is None or finished is None or facts.observed_at < finished:
+    if held is None or facts is None or finished is None or facts.observed_at < finished + settle:
         return False
     return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
 
@@ -190,9 +192,10 @@ def destination_order(core: Residencies, program: Program, destination: str) -> 
 
 
 def in_vain(core: Residencies, programs: Iterable[Program]) -> list[Program]:
-    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``), in id order."""
-    book = core.residency
-    return sorted((p for p in programs if held_in_vain(p, book.get(p))), key=lambda p: p.serial)
+    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``, one observation
+    interval after their last request finished), in id order."""
+    book, settle = core.residency, core.config.metrics_interval_seconds
+    return sorted((p for p in programs if held_in_vain(p, book.get(p), settle)), key=lambda p: p.serial)
 
 
 def diagnostic(core: Residencies, program: Program) -> int | None:
