@@ -9,8 +9,8 @@ are absent, and then the old behaviour holds. The rules:
 - **held in vain**: an Acting Program keeps its tokens charged for its TTL so that its KV survives the tool
   call; once its Rank (a metrics interval or more after its last request finished, so that the events of
   what that request stored have arrived) holds less of its last prompt than a continuous cache hit needs
-  (90 %, as ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
-  ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
+  (90 %, as ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little,
+  so the TTL ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
   move it unless it is forced;
