@@ -51,7 +51,7 @@ def test_where_ttl_guesses_are_wrong_residency_ends_them_and_jct_drops() -> None
     """Agents ask for 60 s of retention on every tool call, on Ranks of 2,048 KV tokens: vLLM's LRU evicts an
     Acting Program's blocks (others were freed after them) while the ledger still charges its 60 s, and
     Programs queue behind charges that protect nothing. Residency ends such a TTL once the Rank no longer
-    holds the prompt. Measured: mean JCT 0.85, 0.88, 0.96, 0.74 of the arm without, per seed (12, 13, 8, 22
+    holds the prompt. Measured: mean JCT 0.85, 0.88, 0.96, 0.70 of the arm without, per seed (11, 13, 8, 20
     TTLs ended early); token hit within 0.03 either way."""
     ratios = []
     for seed in SEEDS:
@@ -62,7 +62,7 @@ def test_where_ttl_guesses_are_wrong_residency_ends_them_and_jct_drops() -> None
         assert with_residency.figures["errors"] == without.figures["errors"] == 0
         ratios.append(jct(with_residency) / jct(without))
     assert max(ratios) < 1.0  # better on every seed
-    assert sum(ratios) / len(ratios) < 0.9  # measured 0.858
+    assert sum(ratios) / len(ratios) < 0.9  # measured 0.847
 
 
 @pytest.mark.parametrize(
