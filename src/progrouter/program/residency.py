@@ -13,7 +13,7 @@ are absent, and then the old behaviour holds. The rules:
   so the TTL ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
-  move it unless it is forced;
+  move it unless it is forced or has waited as long as recomputing it elsewhere would take;
 - **prefer the holder**: a cross-Rank move goes to the Rank holding the longest prefix of its prompt, and a
   new Program binds to the Rank holding (nearly) all of it. What every Rank holds (a system prompt all share)
   is no reason to prefer one: a tie at the top leaves the choice to the usual order (binding strategy,
@@ -174,9 +174,11 @@ def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
     return home
 
 
-def keeps_source(core: Residencies, program: Program) -> bool:
-    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
-    if not core.config.residency_aware:
+def keeps_source(core: Residencies, program: Program, waited_seconds: float) -> bool:
+    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds, while it has waited
+    less than recomputing that prefix elsewhere costs (its cache-miss impact): past that, waiting costs
+    more."""
+    if not core.config.residency_aware or waited_seconds >= program.last_cache_miss_impact_seconds:
         return False
     kept = stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
     if kept:
