@@ -297,7 +297,11 @@ def test_prometheus_port_rejects_other_words() -> None:
                     "kv_event_sources": {"http://a:1": "tcp://a:5557"},
                 },
             },
-            "cannot be combined with --policy kv_aware",
+            "leave program_scheduling.kv_event_sources empty",
+        ),
+        (
+            {"program_scheduling": {"residency_aware": True, "kv_event_block_size": 32}},
+            "leave program_scheduling.kv_event_block_size unset",
         ),
     ],
 )
@@ -311,3 +315,20 @@ def test_kv_aware_settings_are_checked_as_upstream(fields: dict[str, object], me
     RouterConfig(**good)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         RouterConfig(**{**good, **fields})  # type: ignore[arg-type]
+
+
+def test_residency_aware_reads_one_set_of_kv_event_sources() -> None:
+    """Its own sources, or with --policy kv_aware the policy's; the sans-I/O config alone (the simulator
+    reads its Ranks' block pools) needs none."""
+    residency = {"residency_aware": True}
+    assert ProgramSchedulingConfig(**residency).residency_aware  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="residency_aware needs kv_event_sources"):
+        RouterConfig(worker_urls=["http://a:1"], program_scheduling=residency)  # type: ignore[arg-type]
+    shared = RouterConfig(
+        worker_urls=["http://a:1"],
+        policy="kv_aware",  # type: ignore[arg-type]
+        kv_event_source=["http://a:1=tcp://a:5557"],
+        kv_event_model="m",
+        program_scheduling=residency,  # type: ignore[arg-type]
+    )
+    assert shared.program_scheduling is not None and shared.program_scheduling.residency_aware

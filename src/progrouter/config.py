@@ -221,7 +221,8 @@ class ProgramSchedulingConfig(_Strict):
     # Program scheduling on exact residency (docs/kv_events.md): the router subscribes to each worker's vLLM
     # KV events (worker URL -> the endpoint of its --kv-events-config, Rank r on port + r; a replay endpoint
     # per worker optional) and lets what each Rank really holds end an evicted Program's acting TTL, keep a
-    # resident Program on its Rank, and bind to the Rank holding a prompt's prefix. Off until measured.
+    # resident Program on its Rank, and bind to the Rank holding a prompt's prefix. Off until measured. With
+    # --policy kv_aware it reads the policy's index and sources instead (leave kv_event_sources empty).
     residency_aware: bool = False
     kv_event_sources: dict[str, str] = Field(default_factory=dict)
     kv_event_replay_sources: dict[str, str] = Field(default_factory=dict)
@@ -294,8 +295,6 @@ class ProgramSchedulingConfig(_Strict):
         return self
 
     def _check_kv_event_sources(self) -> None:
-        if self.residency_aware and not self.kv_event_sources:
-            raise ValueError("residency_aware needs kv_event_sources (worker URL -> KV events endpoint)")
         extra = sorted(set(self.kv_event_replay_sources) - set(self.kv_event_sources))
         if extra:
             raise ValueError(f"kv_event_replay_sources: {extra[0]} has no kv_event_sources entry")
@@ -489,15 +488,7 @@ class RouterConfig(_Strict):
     @model_validator(mode="after")
     def _kv_aware_settings(self) -> RouterConfig:
         """Upstream's rules for kv_aware and its event sources, so a command line means the same."""
-        if (
-            self.policy is Policy.KV_AWARE
-            and self.program_scheduling
-            and self.program_scheduling.residency_aware
-        ):
-            # Each would run its own subscribers, index and kv-events metrics; one shared index is to come.
-            raise ValueError(
-                "residency_aware Program scheduling cannot be combined with --policy kv_aware yet"
-            )
+        self._residency_sources()
         if self.policy is not Policy.KV_AWARE:
             if self.kv_event_source or self.kv_event_replay_source:
                 raise ValueError("--kv-event-source requires the kv_aware policy")
@@ -522,6 +513,27 @@ class RouterConfig(_Strict):
             if len(endpoints) != len(sources[url]):
                 raise ValueError(f"kv_event_replay_source {url!r}: one replay endpoint per event endpoint")
         return self
+
+    def _residency_sources(self) -> None:
+        """``residency_aware`` reads one index: its own ``kv_event_sources``, or with ``--policy kv_aware``
+        the policy's (one subscriber per Rank, one block size), never both."""
+        program = self.program_scheduling
+        if program is None or not program.residency_aware:
+            return
+        if self.policy is not Policy.KV_AWARE:
+            if not program.kv_event_sources:
+                raise ValueError("residency_aware needs kv_event_sources (worker URL -> KV events endpoint)")
+            return
+        if program.kv_event_sources:
+            raise ValueError(
+                "with --policy kv_aware, residency_aware reads the policy's --kv-event-source: "
+                "leave program_scheduling.kv_event_sources empty"
+            )
+        if "kv_event_block_size" in program.model_fields_set:
+            raise ValueError(
+                "with --policy kv_aware, residency_aware uses --kv-event-block-size: "
+                "leave program_scheduling.kv_event_block_size unset"
+            )
 
     @property
     def retry_attempts(self) -> int:

@@ -11,6 +11,7 @@ import pytest
 
 from progrouter.server.runner import RunningRouter
 from support.factories import EngineFactory, RouterFactory
+from support.kv_events import until_heard
 
 from .helpers import BLOCK, CAPACITY, MODEL, wait_until
 
@@ -52,6 +53,13 @@ async def test_diagnostics_show_what_the_rank_holds_and_an_evicted_program_stops
             "kv_event_sources": {engine.url: events["endpoint"]},
             "kv_event_block_size": BLOCK,
         },
+    )
+    lag = "progrouter_kv_events_lag_seconds"
+    await until_heard(
+        engine.url,
+        [0],
+        lambda _: router.registry.get_sample_value(lag, {"source": engine.url}) is not None,
+        BLOCK,
     )
     prompt = token_prompt(1, 40)  # 640 tokens in 40 full blocks
     async with client.post(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import aiohttp
 
 
 def free_port_pair() -> int:
@@ -33,3 +38,27 @@ def events_config(replay: bool = True) -> dict[str, Any]:
     if replay:
         cfg["replay_endpoint"] = f"tcp://127.0.0.1:{free_port_pair()}"
     return cfg
+
+
+async def until_heard(
+    engine_url: str,
+    ranks: Sequence[int],
+    heard: Callable[[int], bool],
+    block_size: int,
+    timeout: float = 10.0,
+) -> None:
+    """Send each Rank fresh prompts straight to it until ``heard(rank)``: the router's subscriber may connect
+    after the engine published a batch, and ZMQ's SUB never sees what was sent before it joined."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        for n, rank in enumerate(r for r in ranks for _ in range(50)):  # at most 50 tries a Rank
+            if heard(rank):
+                continue
+            assert time.monotonic() < deadline, f"Rank {rank}'s KV events were never heard"
+            prompt = list(range(20_000 + 2 * block_size * n, 20_000 + 2 * block_size * (n + 1)))
+            body = {"prompt": prompt, "max_tokens": 1}
+            headers = {"X-data-parallel-rank": str(rank)}
+            async with http.post(engine_url + "/v1/completions", json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+            await asyncio.sleep(0.05)
+    assert all(heard(r) for r in ranks), "KV events never heard"

@@ -84,6 +84,12 @@ async def test_request_shape_and_deterministic_prompts() -> None:
     assert other[32:48] != p0[32:48]  # block 10 is task-private: salted per task
 
 
+async def test_a_retention_hint_rides_in_every_context_in_wall_seconds() -> None:
+    async with running(FakeEngine()) as fake:
+        await replay(tree_trace(1), ReplayOptions(url=fake.url, time_scale=4.0, kv_retention_hint=60.0))
+    assert fake.seen and {x.context["kv_retention_ttl_seconds"] for x in fake.seen} == {15.0}
+
+
 async def test_facts_carry_usage_and_errors() -> None:
     trace = tree_trace(1)
     async with running(FakeEngine(fail_programs={"t0:sub-f"})) as fake:

@@ -20,8 +20,9 @@ class ProgramRequest:
     model_pool: str
     estimated_context_tokens: int
     routing_text: str | None = None
-    # residency_aware: leading tokens of this prompt each Rank with known KV events holds (residency.py)
-    resident_tokens: Mapping[str, int] | None = None
+    # residency_aware: the full-block tokens of this prompt, and the leading tokens of it each Rank with known
+    # KV events holds (residency.py)
+    residency: tuple[int, Mapping[str, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

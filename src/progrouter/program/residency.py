@@ -2,26 +2,29 @@
 
 The shell reads each Rank's vLLM KV events into a residency index and reports, per Program, how many
 leading tokens of its last prompt each Rank holds (``ResidencyFacts``): at arrival
-(``ProgramRequest.resident_tokens``) and every observation interval
+(``ProgramRequest.residency``) and every observation interval
 (``ProgramScheduler.observe_residency``). Ranks whose events are unknown (no source, silent, never heard)
 are absent, and then the old behaviour holds. The rules:
 
 - **held in vain**: an Acting Program keeps its tokens charged for its TTL so that its KV survives the tool
-  call; once its Rank holds less of its last prompt than a continuous cache hit needs (90 %, as
-  ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little, so the TTL
-  ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
+  call; once its Rank (a metrics interval or more after its last request finished, so that the events of
+  what that request stored have arrived) holds less of its last prompt than a continuous cache hit needs
+  (90 %, as ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little,
+  so the TTL ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
-  move it unless it is forced;
-- **prefer the holder**: a cross-Rank move, and the first binding of a new Program, go to the Rank holding
-  the longest prefix of its prompt. What every Rank holds (a system prompt all share) is no reason to prefer
-  one: a tie at the top leaves the choice to the usual order (binding strategy, cross-Rank ranking).
+  move it unless it is forced or has waited as long as recomputing it elsewhere would take;
+- **prefer the holder**: a cross-Rank move goes to the Rank holding the longest prefix of its prompt, and a
+  new Program binds to the Rank holding (nearly) all of it. What every Rank holds (a system prompt all share)
+  is no reason to prefer one: a tie at the top leaves the choice to the usual order (binding strategy,
+  cross-Rank ranking); nor is a part of it one Rank holds (the same system prompt, held by one Rank first).
 
 Functions here only read; ``ResidencyBook`` is the one owner of the facts and drops them with each report.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -33,6 +36,7 @@ from progrouter.program.state import ProgramState, ProgramStatus
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core import Core
+    from progrouter.program.observer import SchedulerObserver
     from progrouter.program.outcomes import ProgramRequest
     from progrouter.program.state import Program
 
@@ -46,6 +50,13 @@ class Residencies(Protocol):
     def residency(self) -> ResidencyBook: ...
     @property
     def pool_targets(self) -> dict[str, list[str]]: ...
+    @property
+    def observer(self) -> SchedulerObserver: ...
+
+
+def fired(core: Residencies, rule: str) -> None:
+    """A rule changed a decision: ``residency_rule_total{rule}`` (ttl_end, stay_home, holder_bind)."""
+    core.observer.counter("residency_rule_total", rule=rule)
 
 
 Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)
@@ -86,14 +97,15 @@ def resident_on(facts: ResidencyFacts | None, target_id: str | None) -> int | No
     return facts.resident_tokens.get(target_id)
 
 
-def held_in_vain(program: Program, facts: ResidencyFacts | None) -> bool:
-    """An Acting Program's TTL protects little: its Rank, observed after its last request finished, holds
-    less of its last prompt than a continuous cache hit needs."""
+def held_in_vain(program: Program, facts: ResidencyFacts | None, settle: float) -> bool:
+    """An Acting Program's TTL protects little: its Rank, observed at least ``settle`` seconds after its last
+    request finished (time for the events of the blocks that request stored to reach the router: a report
+    sooner could miss them), holds less of its last prompt than a continuous cache hit needs."""
     if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or program.acting_ttl is None:
         return False
     held = resident_on(facts, program.placement)
     finished = program.completions.last_finished_at
-    if held is None or facts is None or finished is None or facts.observed_at < finished:
+    if held is None or facts is None or finished is None or facts.observed_at < finished + settle:
         return False
     return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
 
@@ -135,6 +147,7 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
             book[program] = ResidencyFacts(tokens, now, covered)
     core.residency.replace(book)
     for program in in_vain(core, book):
+        fired(core, "ttl_end")
         target = program.placement
         core.observer.event("info", "residency_ttl_end", program=program.redacted, target=target)
         lifecycle.expire_ttl(core, program, now)
@@ -142,23 +155,35 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
 
 def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
     """The request's own residency report is the Program's freshest."""
-    if core.config.residency_aware and request.resident_tokens is not None:
-        core.residency.record(program, ResidencyFacts(request.resident_tokens, now))
+    if core.config.residency_aware and request.residency is not None:
+        covered, tokens = request.residency
+        core.residency.record(program, ResidencyFacts(tokens, now, covered))
 
 
 def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
-    """A new Program's first Rank: the one holding its prompt's prefix, if any Rank of its pool does."""
-    if not core.config.residency_aware or request.resident_tokens is None:
+    """A new Program's first Rank: the one holding its prompt as a continuous cache hit would (90 % of it:
+    a fork of a resident Program, a conversation going on under a new id), if one Rank of its pool does. Less
+    is no reason: a system prompt one Rank happens to hold first would draw every new Program there."""
+    if not core.config.residency_aware or request.residency is None or not request.residency[0]:
         return None
-    facts = ResidencyFacts(request.resident_tokens, 0.0)
-    return holder(facts, core.pool_targets.get(request.model_pool, ()))
+    covered, tokens = request.residency
+    floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
+    home = holder(ResidencyFacts(tokens, 0.0, covered), core.pool_targets.get(request.model_pool, ()), floor)
+    if home is not None:
+        fired(core, "holder_bind")
+    return home
 
 
-def keeps_source(core: Residencies, program: Program) -> bool:
-    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds."""
-    if not core.config.residency_aware:
+def keeps_source(core: Residencies, program: Program, waited_seconds: float) -> bool:
+    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds, while it has waited
+    less than recomputing that prefix elsewhere costs (its cache-miss impact): past that, waiting costs
+    more."""
+    if not core.config.residency_aware or waited_seconds >= program.last_cache_miss_impact_seconds:
         return False
-    return stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+    kept = stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
+    if kept:
+        fired(core, "stay_home")
+    return kept
 
 
 def destination_order(core: Residencies, program: Program, destination: str) -> int:
@@ -169,9 +194,10 @@ def destination_order(core: Residencies, program: Program, destination: str) -> 
 
 
 def in_vain(core: Residencies, programs: Iterable[Program]) -> list[Program]:
-    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``), in id order."""
-    book = core.residency
-    return sorted((p for p in programs if held_in_vain(p, book.get(p))), key=lambda p: p.serial)
+    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``, one observation
+    interval after their last request finished), in id order."""
+    book, settle = core.residency, core.config.metrics_interval_seconds
+    return sorted((p for p in programs if held_in_vain(p, book.get(p), settle)), key=lambda p: p.serial)
 
 
 def diagnostic(core: Residencies, program: Program) -> int | None:

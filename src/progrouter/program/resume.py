@@ -414,10 +414,12 @@ def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
             return  # no destination can take an unforced Program, and the forced ones came first
         source = program.last_target
         assert source is not None
-        if not _forced(program, now) and residency.keeps_source(core, program):
-            continue  # its Rank still holds its prefix: it resumes there cheaply
         if not _source_pressure(view_of(source), core.queues.get(source), program, config, now):
             continue
+        if not _forced(program, now) and residency.keeps_source(
+            core, program, now - _queued_at(program, now)
+        ):
+            continue  # its Rank still holds its prefix: it resumes there cheaply
         best: tuple[tuple[int, int, float, int, str], AdmissionPlan] | None = None
         for destination in destinations:
             if destination == source or core.queues.size(destination) != 0:

@@ -114,7 +114,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         warning = config.program_scheduling.reference_calibration_warning()
         if warning is not None:
             _log_calibration_warning(warning)
-        gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index)
+        gate = build_program_gate(config, state.session, app[REGISTRY_KEY], state.cache_index, state.kv_aware)
         state.gate = AvailableTargetsGate(gate, app[PROXY_KEY])
     state.refresh_candidates()
     if state.gate is not None:

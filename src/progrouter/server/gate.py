@@ -20,6 +20,7 @@ from progrouter.server.event_feed import EventFeed
 
 if TYPE_CHECKING:
     from progrouter.program.types import ScheduleError
+    from progrouter.routing.kv_aware import KvAwarePolicy
     from progrouter.server.dashboard_summary import Summary
 
 
@@ -51,8 +52,9 @@ def build_program_gate(
     session: aiohttp.ClientSession,
     registry: CollectorRegistry,
     cache_index: CacheAwareIndex | None,
+    kv_aware: KvAwarePolicy | None = None,
 ) -> ProgramGate:
     """Import the scheduler shell only when Program scheduling is on (it pulls in the whole core)."""
     from progrouter.server.program_gate import ProgramGate as SchedulingGate
 
-    return SchedulingGate(config, session, registry, cache_index)
+    return SchedulingGate(config, session, registry, cache_index, kv_aware)

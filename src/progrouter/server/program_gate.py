@@ -42,6 +42,7 @@ from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
 from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
+from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
@@ -128,6 +129,7 @@ class ProgramGate:
         session: aiohttp.ClientSession,
         registry: CollectorRegistry,
         cache_index: CacheAwareIndex | None,
+        kv_aware: KvAwarePolicy | None = None,  # its index and tokenizer serve residency_aware too
     ) -> None:
         program = config.program_scheduling
         if program is None:
@@ -147,7 +149,7 @@ class ProgramGate:
         self._observation: asyncio.Task[None] | None = None
         self._last_tick = float("-inf")
         self._wake_at = float("inf")  # when the sleeping driver wakes by itself
-        self.residency = ProgramResidency.from_config(program, registry)
+        self.residency = ProgramResidency.from_config(config, registry, kv_aware)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -205,6 +207,9 @@ class ProgramGate:
         )
         if found is None:
             return None
+        residency = None
+        if self.residency is not None:  # a long text prompt is tokenized in a worker thread meanwhile
+            residency = await self.residency.arrival((pool, found.identity.program_id), body, raw_body)
         now = time.monotonic()
         if pool not in self._pools:
             self._pools.add(pool)
@@ -216,9 +221,7 @@ class ProgramGate:
             model_pool=pool,
             estimated_context_tokens=estimate.tokens,
             routing_text=routing_text(body) if self._keep_text else None,
-            resident_tokens=None
-            if self.residency is None
-            else self.residency.arrival((pool, found.identity.program_id), body, self._targets),
+            residency=residency,
         )
         handle = self.scheduler.arrive(now, request)
         self._ensure_observation()

@@ -99,6 +99,9 @@ METRICS: Mapping[str, MetricSpec] = {
     "token_estimate_coefficient": MetricSpec(
         "gauge", "Current prompt tokens-per-byte coefficient by model pool and endpoint", _POOL
     ),
+    "residency_rule_total": MetricSpec(
+        "counter", "Decisions residency_aware changed, by rule (program/residency.py)", ("rule",)
+    ),
     "token_estimate_feedback_total": MetricSpec(
         "counter", "Prompt-token estimator feedback outcomes", (*_POOL, "outcome")
     ),

@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
+from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.policies import RoutingPolicy, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target, expand_targets
@@ -46,6 +47,12 @@ class RouterState:
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @property
+    def kv_aware(self) -> KvAwarePolicy | None:
+        """``--policy kv_aware``, whose index (its KV event subscribers fill it, one per Rank) and tokenizer
+        residency-aware Program scheduling uses too; None with any other policy."""
+        return self.policy if isinstance(self.policy, KvAwarePolicy) else None
 
     @property
     def worker_urls(self) -> list[str]:

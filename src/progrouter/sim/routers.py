@@ -30,6 +30,7 @@ from progrouter.routing.policies import RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.sim.clock import VirtualClock
 from progrouter.sim.requests import SimRequest
+from progrouter.sim.residency import SimResidency
 from progrouter.workload.context import agentic_context
 
 Dispatch = Callable[[SimRequest, Target], None]
@@ -106,6 +107,7 @@ class ProgramRouter:
         self._max_hint = 0.0
         self.settled_at: float | None = None
         self.drain_until: float | None = None
+        self.residency: SimResidency | None = None  # residency_aware arms: the Ranks' block pools
 
     # ------------------------------------------------------------------------------------------ driving
     def start(self, now: float) -> None:
@@ -119,6 +121,8 @@ class ProgramRouter:
             epoch = self.scheduler.begin_observation(now)
             self.scheduler.apply_observations(now, epoch, self._observe(tracked))
             self._drain()
+        if self.residency is not None:
+            self.scheduler.observe_residency(now, self.residency.report())
         self._tick(now)
         if not self._settled(now):
             self._clock.at(now + self.config.metrics_interval_seconds, self._periodic)
@@ -176,6 +180,9 @@ class ProgramRouter:
             hints=found.hints,
             model_pool=MODEL_POOL,
             estimated_context_tokens=request.request.input_tokens,
+            residency=None
+            if self.residency is None
+            else self.residency.arrival((MODEL_POOL, found.identity.program_id), request),
         )
         try:
             handle = self.scheduler.arrive(now, program_request)

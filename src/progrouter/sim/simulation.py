@@ -27,6 +27,7 @@ from progrouter.sim.arms import SimArm, hint_value
 from progrouter.sim.clock import VirtualClock
 from progrouter.sim.ranks import FleetSpec, SimRank, build_fleet, scrape
 from progrouter.sim.requests import SimRequest
+from progrouter.sim.residency import SimResidency
 from progrouter.sim.routers import NativeRouter, ProgramRouter, Router
 from progrouter.sim.summary import scheduler_summary, transition_samples
 from progrouter.workload.arms import EngineFleet, oracle_blocks
@@ -80,6 +81,8 @@ class Simulation:
         self.facts: list[Fact] = []
         self._in_flight: dict[str, SimRequest] = {}
         self.router: Router = self._router()
+        if isinstance(self.router, ProgramRouter):
+            self.router.residency = SimResidency.for_arm(arm.program, self.ranks, self._prompt)
 
     def _router(self) -> Router:
         arm = self.arm

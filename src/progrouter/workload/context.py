@@ -10,7 +10,13 @@ import orjson
 from progrouter.workload.trace import TraceProgram, TraceTask
 
 
-def agentic_context(task: TraceTask, program: TraceProgram, step: int, request_id: str) -> str:
+def agentic_context(
+    task: TraceTask,
+    program: TraceProgram,
+    step: int,
+    request_id: str,
+    kv_retention_ttl_seconds: float | None = None,
+) -> str:
     ctx: dict[str, Any] = {
         "program_id": program.program_id,
         "task_id": task.task_id,
@@ -22,4 +28,6 @@ def agentic_context(task: TraceTask, program: TraceProgram, step: int, request_i
     }
     if program.parent_program_id is not None:
         ctx["parent_program_id"] = program.parent_program_id
+    if kv_retention_ttl_seconds is not None:  # an agent that asks the router to keep its KV over tool calls
+        ctx["kv_retention_ttl_seconds"] = kv_retention_ttl_seconds
     return orjson.dumps(ctx).decode()

@@ -50,6 +50,7 @@ class ReplayOptions:
     salt: str = "progrouter"
     request_timeout: float = 3600.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    kv_retention_hint: float | None = None  # trace seconds every request asks the router to retain its KV
 
 
 @dataclass(slots=True)
@@ -90,6 +91,8 @@ class _Replayer:
         self.task_start: dict[str, float] = {}
         self.task_end: dict[str, float] = {}
         self.slots = asyncio.Semaphore(opts.max_concurrent_tasks) if opts.max_concurrent_tasks else None
+        hint = opts.kv_retention_hint  # in wall seconds, as the router's config (scaled_program_config)
+        self._hint = None if hint is None else hint / opts.time_scale
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -156,7 +159,7 @@ class _Replayer:
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "vllm_xargs": {"agentic_context": agentic_context(task, program, step, rid)},
+            "vllm_xargs": {"agentic_context": agentic_context(task, program, step, rid, self._hint)},
         }
         if self.opts.api == "chat":
             body["messages"] = [{"role": "user", "content": self.prompts.text(task.task_id, rid, request)}]

@@ -51,6 +51,14 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
     parser.add_argument("--num-tasks", type=int, default=None, help="replay only the first N tasks")
+    parser.add_argument(
+        "--kv-retention-hint",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="every request asks the router to keep its KV this long (trace seconds) after it: "
+        "kv_retention_ttl_seconds, as an agent that knows it is about to call a tool (default: none)",
+    )
 
 
 def options_from_args(args: argparse.Namespace, url: str) -> ReplayOptions:
@@ -64,6 +72,7 @@ def options_from_args(args: argparse.Namespace, url: str) -> ReplayOptions:
         vocab_size=args.vocab_size,
         salt=args.salt,
         headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+        kv_retention_hint=args.kv_retention_hint,
     )
 
 
