@@ -16,7 +16,7 @@ from progrouter.engine.server import RunningEngine
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.kv_residency import chain_keys
 from support.factories import EngineFactory, RouterFactory
-from support.kv_events import events_config
+from support.kv_events import events_config, until_heard
 from support.tiny_tokenizer import write_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,6 +61,12 @@ def served(engine: RunningEngine) -> list[int]:
     return [sum(core.stats.request_success.values()) for core in engine.server.cores]
 
 
+async def heard_both(engine: RunningEngine, policy: KvAwarePolicy) -> None:
+    """Both Ranks' subscribers have heard a batch (a batch published before one joined is never seen)."""
+    ranks = [f"{engine.url}@0", f"{engine.url}@1"]
+    await until_heard(engine.url, [0, 1], lambda r: policy.index.match(ranks[r], []) is not None, BS)
+
+
 async def test_a_request_goes_to_the_rank_that_announced_its_prefix(
     make_engine: EngineFactory, make_router: RouterFactory
 ) -> None:
@@ -69,6 +75,7 @@ async def test_a_request_goes_to_the_rank_that_announced_its_prefix(
     router = await make_router([engine.url], **sources(engine, cfg))
     policy = router.state.policy
     assert isinstance(policy, KvAwarePolicy)
+    await heard_both(engine, policy)
     prefix = list(range(100, 100 + 4 * BS))
     # Rank 1 computes the prefix (sent straight to it, the router does not know), Rank 0 something else.
     await post(engine.url, {"prompt": prefix}, {"X-data-parallel-rank": "1"})
@@ -96,6 +103,7 @@ async def test_chat_is_matched_by_the_tokenizer_when_the_engine_tokenizes_the_sa
     router = await make_router([engine.url], tokenizer=str(folder), **sources(engine, cfg))
     policy = router.state.policy
     assert isinstance(policy, KvAwarePolicy) and policy.tokenizer is not None
+    await heard_both(engine, policy)
     words = " ".join(f"w{i}" for i in range(80))
     ids = policy.tokenizer.encode_chat([{"role": "user", "content": words}])
     await post(engine.url, {"prompt": ids}, {"X-data-parallel-rank": "1"})  # Rank 1 holds those ids
