@@ -51,7 +51,7 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
             queue.insert(program, entry)
             live[program.serial] = (program, entry)
         expected = sorted(live.values(), key=lambda pe: pe[1].key)
-        assert [p for p, _ in expected] == queue.ordered() == list(queue.iter_ordered())
+        assert [p for p, _ in expected] == queue.ordered() == [queue.program(e[0]) for e in queue.entries()]
         assert len(queue) == len(live)
         assert queue.first() is (expected[0][0] if expected else None)
         assert queue.min_required() == min((e.required for _, e in expected), default=0)
@@ -61,7 +61,10 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
             assert queue.ahead_of(probe) == [e.key for _, e in expected].index(probe)
             # a skipped block never hides an entry the bounds would let through
             bound = rng.randint(1, 1000)
-            kept = list(queue.iter_ordered(lambda required, _u, _f, bound=bound: required > bound))
+            kept = [
+                queue.program(e[0])
+                for e in queue.entries(lambda required, _u, _f, bound=bound: required > bound)
+            ]
             assert {p for p, e in expected if e.required <= bound} <= set(kept)
 
 
