@@ -60,6 +60,7 @@ class RankView:
         "_best",
         "_covered_up_to",
         "_demand_limit",
+        "_last_bounds",
         "_rank",
         "_refused_from",
         "_reserve",
@@ -106,6 +107,7 @@ class RankView:
         self._best: BatchGainEstimate | None = None
         self._covered_up_to = -math.inf  # the batch-gain bound's memo over uncached contexts
         self._refused_from = math.inf
+        self._last_bounds: tuple[int, int, bool] | None = None
 
     @property
     def target_rounds(self) -> int:
@@ -130,16 +132,25 @@ class RankView:
         if not self.capacity_fits(required):
             return Rejection.CAPACITY
         low = self.low_tokens
-        if low is None or self.used + required + self.reserve <= low:
+        reserve = self._reserve
+        if reserve is None:
+            reserve = self.reserve
+        if low is None or self.used + required + reserve <= low:
             return Verdict.ADMIT
-        if not self._batch_bound_covers(uncached):
+        if uncached >= self._refused_from or not self._batch_bound_covers(uncached):
             return Rejection.RESERVE
         return Verdict.BATCH_GAIN
 
     def admits_some(self, required: int, uncached: int) -> bool:
         """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
-        unforced candidate among them can be admitted."""
-        return not isinstance(self.judge(required, uncached), Rejection)
+        unforced candidate among them can be admitted. (A pass asks for its queue's bounds more than once:
+        the last answer is kept.)"""
+        last = self._last_bounds
+        if last is not None and last[0] == required and last[1] == uncached:
+            return last[2]
+        admits = not isinstance(self.judge(required, uncached), Rejection)
+        self._last_bounds = (required, uncached, admits)
+        return admits
 
     @property
     def demand_limit(self) -> float:

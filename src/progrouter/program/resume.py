@@ -338,7 +338,8 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
                 return  # then every block is: nobody can be admitted
             candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
-            candidates = _screened(view, _entries(pending), now, unforced_possible, math.inf)
+            entries = [entry for program in pending if (entry := program.queue_entry) is not None]
+            candidates = _screened(view, entries, now, unforced_possible, math.inf)
         for key in candidates:
             program = queue.program(key)
             result = plan(view, program, now)
@@ -350,13 +351,6 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
-
-
-def _entries(programs: list[Program]) -> Iterator[tuple[QueueKey, int, int, float]]:
-    for program in programs:
-        entry = program.queue_entry
-        assert entry is not None
-        yield entry
 
 
 def _screened(
