@@ -33,7 +33,6 @@ __all__ = [
     "RepairVictim",
     "acting_ttl_candidates",
     "active_remaining_rounds",
-    "batch_gain_for_rank",
     "batch_gain_rank",
     "cache_continuous",
     "capacity_accounting_source",
@@ -460,32 +459,6 @@ def rank_batch_gain(
         protected_remaining_rounds=protected_remaining_rounds,
         protected_cache_miss_impacts=protected_cache_miss_impacts,
     )
-
-
-def batch_gain_for_rank(
-    config: ProgramSchedulingConfig,
-    factors: RankFactors | None,
-    *,
-    batch_size_before: int,
-    context_tokens_before: int,
-    candidate_context_tokens: int,
-    candidate_shared_prefix_tokens: int,
-    used_tokens: float,
-    required_tokens: float,
-    protected_remaining_rounds: Sequence[float],
-    protected_cache_miss_impacts: Sequence[float],
-) -> BatchGainEstimate:
-    """``estimate_batch_gain`` with the config and the Rank's rolling statistics filled in."""
-    rank = rank_batch_gain(
-        config,
-        factors,
-        batch_size_before=batch_size_before,
-        context_tokens_before=context_tokens_before,
-        used_tokens=used_tokens,
-        protected_remaining_rounds=protected_remaining_rounds,
-        protected_cache_miss_impacts=protected_cache_miss_impacts,
-    )
-    return rank.estimate(candidate_context_tokens, candidate_shared_prefix_tokens, required_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------
