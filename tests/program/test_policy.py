@@ -274,36 +274,30 @@ def test_batch_gain_disabled_cases() -> None:
         gain(protected_remaining_rounds=[1.0], protected_cache_miss_impacts=[])
 
 
-def test_batch_gain_for_rank_reads_config_and_factors() -> None:
+def test_rank_batch_gain_reads_config_and_factors() -> None:
     config = ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000, stats_window_size=2)
     f = mature_factors(rounds=3, growth=None)  # decode 1.0 s measured, no growth
-    est = policy.batch_gain_for_rank(
+    est = policy.rank_batch_gain(
         config,
         f,
         batch_size_before=4,
         context_tokens_before=200_000,
-        candidate_context_tokens=10_000,
-        candidate_shared_prefix_tokens=10_000,
         used_tokens=50_000.0,
-        required_tokens=100.0,
         protected_remaining_rounds=[],
         protected_cache_miss_impacts=[],
-    )
+    ).estimate(10_000, 10_000, 100.0)
     assert est.batch_gain_seconds == pytest.approx(1.0 * hand_rel_gain())
     assert est.candidate_recovery_seconds == 0.0 and est.admits
     no_capacity = ProgramSchedulingConfig(stats_window_size=2)
-    est = policy.batch_gain_for_rank(
+    est = policy.rank_batch_gain(
         no_capacity,
         f,
         batch_size_before=4,
         context_tokens_before=200_000,
-        candidate_context_tokens=10_000,
-        candidate_shared_prefix_tokens=10_000,
         used_tokens=50_000.0,
-        required_tokens=100.0,
         protected_remaining_rounds=[],
         protected_cache_miss_impacts=[],
-    )
+    ).estimate(10_000, 10_000, 100.0)
     assert not est.admits
 
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from progrouter.config import ProgramSchedulingConfig
+from progrouter.config import PrefillCostModel, ProgramSchedulingConfig
 from progrouter.program import queues as queues_module
 from progrouter.program import resume
+from progrouter.program.admission import RankView, largest_fitting
 from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
 from progrouter.program.queues import RankQueue
 from progrouter.program.records import QueueEntry
@@ -51,7 +52,7 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
             queue.insert(program, entry)
             live[program.serial] = (program, entry)
         expected = sorted(live.values(), key=lambda pe: pe[1].key)
-        assert [p for p, _ in expected] == queue.ordered() == list(queue.iter_ordered())
+        assert [p for p, _ in expected] == queue.ordered() == [queue.program(e[0]) for e in queue.entries()]
         assert len(queue) == len(live)
         assert queue.first() is (expected[0][0] if expected else None)
         assert queue.min_required() == min((e.required for _, e in expected), default=0)
@@ -61,15 +62,31 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
             assert queue.ahead_of(probe) == [e.key for _, e in expected].index(probe)
             # a skipped block never hides an entry the bounds would let through
             bound = rng.randint(1, 1000)
-            kept = list(queue.iter_ordered(lambda required, _u, _f, bound=bound: required > bound))
+
+            def above(required: int, _u: int, _f: float, bound: int = bound) -> bool:
+                return required > bound
+
+            kept = [queue.program(e[0]) for e in queue.entries(above)]
             assert {p for p, e in expected if e.required <= bound} <= set(kept)
 
 
-def _run(seed: int, monkeypatch: Any, *, skip: bool) -> tuple[list[tuple[str, int, str]], int]:
+def _run(
+    seed: int, monkeypatch: Any, *, skip: bool, screen: bool = True, **fields: Any
+) -> tuple[list[tuple[str, int, str]], int]:
     """A seeded closed loop of 300 Programs on two Ranks that fit about 25: long queues, matured windows,
     forced resumes, scrapes. Returns every decision in order and how many blocks the passes skipped
-    (``skip`` False: a pass looks at every candidate)."""
+    (``skip`` False: a pass looks at every block; ``screen`` False: every candidate there is planned;
+    ``fields``: scheduling config on top of the loop's)."""
     monkeypatch.setattr(queues_module, "BLOCK_KEYS", 2)
+    if not screen:  # every candidate planned, each batch-gain bound computed afresh (no memo)
+        monkeypatch.setattr(resume, "_screened", lambda _view, entries, *_: (e[0] for e in entries))
+        covers = RankView._batch_bound_covers
+
+        def afresh(view: RankView, uncached: int) -> bool:
+            view._covered_up_to, view._refused_from = -math.inf, math.inf
+            return covers(view, uncached)
+
+        monkeypatch.setattr(RankView, "_batch_bound_covers", afresh)
     skipped = 0
     hopeless = resume._hopeless
 
@@ -92,6 +109,7 @@ def _run(seed: int, monkeypatch: Any, *, skip: bool) -> tuple[list[tuple[str, in
         queue_timeout_seconds=30.0,
         max_pooled_requests=1000,
         global_queue=True,
+        **fields,
     )
     scheduler = ProgramScheduler(config)
     targets = [Target.parse("http://w:1@0"), Target.parse("http://w:1@1")]
@@ -147,3 +165,52 @@ def test_skipping_blocks_decides_what_a_full_scan_decides(seed: int, monkeypatch
     assert skipped > 100 and none == 0  # blocks were really skipped in one run and never in the other
     assert len(skipping) > 1000
     assert skipping == scanning
+
+
+#: recovery cheap enough that the batch-gain bound covers some candidates and refuses others
+CHEAP_RECOVERY = {
+    "prefill_cost_model": PrefillCostModel(linear_seconds_per_1k_tokens=0.02, intercept_seconds=0.0)
+}
+
+
+@pytest.mark.parametrize(("seed", "config"), [(1, {}), (2, CHEAP_RECOVERY)])
+def test_screened_passes_decide_what_planning_every_candidate_decides(
+    seed: int, config: dict[str, Any], monkeypatch: Any
+) -> None:
+    """The pass drops candidates from their queued facts (demand above the view's limit, ``judge``'s
+    refusals with the view's memo of the batch-gain bound, forced ones the Rank cannot take past its
+    limits) and skips blocks: the decisions are those of planning every queued candidate in resume order,
+    each bound computed afresh."""
+    dropped = 0
+    screened = resume._screened
+
+    def counting(view: Any, entries: Any, *args: Any) -> Any:
+        nonlocal dropped
+        seen = list(entries)
+        kept = list(screened(view, iter(seen), *args))
+        dropped += len(seen) - len(kept)
+        return iter(kept)
+
+    monkeypatch.setattr(resume, "_screened", counting)
+    fast, _ = _run(seed, monkeypatch, skip=True, **config)
+    assert dropped > 1000  # the screen really refused candidates without planning them
+    monkeypatch.undo()
+    slow, none = _run(seed, monkeypatch, skip=False, screen=False, **config)
+    assert none == 0
+    assert len(fast) > 1000
+    assert fast == slow
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_demand_limit_is_the_largest_demand_the_token_check_admits(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(2000):
+        scale = 10.0 ** rng.randint(0, 17)
+        used = rng.uniform(0.0, scale)
+        low = used + rng.uniform(-scale, scale) * rng.choice([1e-9, 1e-3, 1.0])
+        limit = largest_fitting(used, low)
+        if math.isinf(limit):
+            assert limit > 0 and not abs(low - used) < 2.0**52
+            continue
+        fits = int(limit)
+        assert used + fits <= low and not used + (fits + 1) <= low

@@ -11,6 +11,7 @@ import pytest
 from conftest import POOL, T0, T1, Harness
 from progrouter.program.factors import RequestSample
 from progrouter.program.policy import completion_cache_miss_impact, fitted_acting_ttl
+from progrouter.program.state import Program
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)
@@ -408,6 +409,23 @@ def test_timers_do_not_pile_up_over_many_pauses(harness: Any) -> None:
     assert h.scheduler.next_deadline() == pytest.approx(paused_at + 1800.0)
     h.tick(paused_at + 1800.0)
     assert h.program("a") is None
+
+
+def test_a_released_program_is_let_go_by_the_timers_at_once(harness: Any) -> None:
+    """Capped retention releases Programs whose retention entries fall due half an hour later: the heap
+    keeps those entries until then, but not the Programs (nor any released one), and they fire for nobody."""
+    h: Harness = harness(max_paused_programs=2, max_active_programs_per_target=1)
+    for i in range(20):
+        handle = h.at(h.now + 0.1).arrive(f"p{i}", kv_retention_ttl_seconds=0.0)
+        h.at(h.now + 0.1).complete(handle)  # pauses at once; past two idle Paused, the oldest is released
+    core = h.scheduler._core
+    held = list(core.timers._programs.values())
+    assert len(held) == 2 and all(core.table.lookup(p.ref) is p for p in held)
+    assert len(core.timers) >= 20  # the released Programs' entries are still queued (as serials)
+    payloads = [entry[3] for entry in core.timers._heap]
+    assert not [p for p in payloads if isinstance(p, Program) and core.table.lookup(p.ref) is not p]
+    h.tick(h.now + 1801.0)
+    assert len(core.table) == 0 and not core.timers._programs
 
 
 def test_an_expiring_observation_is_a_deadline(harness: Any) -> None:

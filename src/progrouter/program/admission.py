@@ -16,6 +16,7 @@ Acting Programs are never reclaimed here: they hold their placement until their 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -24,8 +25,9 @@ from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
     BatchGainEstimate,
-    batch_gain_for_rank,
+    BatchGainRank,
     growth_reserve,
+    rank_batch_gain,
     target_rounds,
 )
 
@@ -55,7 +57,12 @@ class RankView:
 
     __slots__ = (
         "_batch",
+        "_best",
+        "_covered_up_to",
+        "_demand_limit",
+        "_last_bounds",
         "_rank",
+        "_refused_from",
         "_reserve",
         "_target_rounds",
         "active",
@@ -95,7 +102,12 @@ class RankView:
         self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
         self._target_rounds: int | None = None
         self._reserve: float | None = None
-        self._batch: _BatchInputs | None = None
+        self._demand_limit: float | None = None
+        self._batch: BatchGainRank | None = None
+        self._best: BatchGainEstimate | None = None
+        self._covered_up_to = -math.inf  # the batch-gain bound's memo over uncached contexts
+        self._refused_from = math.inf
+        self._last_bounds: tuple[int, int, bool] | None = None
 
     @property
     def target_rounds(self) -> int:
@@ -120,43 +132,88 @@ class RankView:
         if not self.capacity_fits(required):
             return Rejection.CAPACITY
         low = self.low_tokens
-        if low is None or self.used + required + self.reserve <= low:
+        reserve = self._reserve
+        if reserve is None:
+            reserve = self.reserve
+        if low is None or self.used + required + reserve <= low:
             return Verdict.ADMIT
-        if not self._batch_bound_covers(uncached):
+        if uncached >= self._refused_from or not self._batch_bound_covers(uncached):
             return Rejection.RESERVE
         return Verdict.BATCH_GAIN
 
     def admits_some(self, required: int, uncached: int) -> bool:
         """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
-        unforced candidate among them can be admitted."""
-        return not isinstance(self.judge(required, uncached), Rejection)
+        unforced candidate among them can be admitted. (A pass asks for its queue's bounds more than once:
+        the last answer is kept.)"""
+        last = self._last_bounds
+        if last is not None and last[0] == required and last[1] == uncached:
+            return last[2]
+        admits = not isinstance(self.judge(required, uncached), Rejection)
+        self._last_bounds = (required, uncached, admits)
+        return admits
+
+    @property
+    def demand_limit(self) -> float:
+        """A demand above which the count guard or the immediate token check refuses (the largest one they
+        let through; −inf when the count guard refuses everyone, inf without token capacity): a pass drops
+        such candidates with one comparison, exactly as ``judge`` would."""
+        limit = self._demand_limit
+        if limit is None:
+            low = self.low_tokens
+            if not self.count_fits:
+                limit = -math.inf
+            elif low is None:
+                limit = math.inf
+            else:
+                limit = largest_fitting(self.used, low)
+            self._demand_limit = limit
+        return limit
 
     def _batch_bound_covers(self, uncached: int) -> bool:
         """The best case bounds every candidate: the decode gain only shrinks with context, the recovery
-        grows with the uncached context and the continuity loss with demand."""
-        if self._batch is None:
-            self._batch = self._batch_inputs()
-        best = self._batch.best
+        grows with the uncached context and the continuity loss with demand. The recovery never falls as the
+        uncached context grows, so the largest context found covered and the least found not covered answer
+        every candidate between without recomputing it."""
+        if uncached <= self._covered_up_to:
+            return True
+        if uncached >= self._refused_from:
+            return False
+        best = self._best_case()
         recovery = self.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
-        return best.batch_gain_seconds >= recovery + best.continuity_loss_seconds
+        if best.batch_gain_seconds >= recovery + best.continuity_loss_seconds:
+            self._covered_up_to = uncached
+            return True
+        self._refused_from = uncached
+        return False
+
+    def _best_case(self) -> BatchGainEstimate:
+        best = self._best
+        if best is None:
+            best = self._best = self._batch_rank().estimate(0, 0, 0.0)
+        return best
 
     def batch_gain_admits(self, context_tokens: int, shared_prefix_tokens: int, required: int) -> bool:
-        """Batch-gain admission of one reserve-failing candidate that passed the best-case bound (§3.6).
+        """Batch-gain admission of one reserve-failing candidate that passed the best-case bound (§3.6)."""
+        return self._batch_rank().estimate(context_tokens, shared_prefix_tokens, float(required)).admits
 
-        The Rank's inputs are gathered once per view: the protected Programs enter as their total rounds
-        and mean impact, which is all the formula uses of them."""
-        assert self._batch is not None
-        return self._batch.estimate(context_tokens, shared_prefix_tokens, float(required)).admits
-
-    def _batch_inputs(self) -> _BatchInputs:
-        rank = self._rank
-        count, remaining, impact = rank.protected(self.target_rounds)
-        protected = ([float(remaining)], [impact / count]) if count else ([], [])
-        inputs = _BatchInputs(
-            self.config, self.factors, len(rank.reasoning), rank.reasoning_context, self.used, protected
-        )
-        inputs.best = inputs.estimate(0, 0, 0.0)
-        return inputs
+    def _batch_rank(self) -> BatchGainRank:
+        """The Rank's side, gathered once per view: the protected Programs enter as their total rounds and
+        mean impact, which is all the formula uses of them."""
+        batch = self._batch
+        if batch is None:
+            rank = self._rank
+            count, remaining, impact = rank.protected(self.target_rounds)
+            protected = ([float(remaining)], [impact / count]) if count else ([], [])
+            batch = self._batch = rank_batch_gain(
+                self.config,
+                self.factors,
+                batch_size_before=len(rank.reasoning),
+                context_tokens_before=rank.reasoning_context,
+                used_tokens=self.used,
+                protected_remaining_rounds=protected[0],
+                protected_cache_miss_impacts=protected[1],
+            )
+        return batch
 
     @property
     def reserve(self) -> float:
@@ -173,41 +230,33 @@ class RankView:
         return self._reserve
 
 
-class _BatchInputs:
-    """The Rank's side of batch-gain admission, fixed for one view."""
-
-    __slots__ = ("batch_size", "best", "config", "context_tokens", "factors", "protected", "used")
-
-    def __init__(
-        self,
-        config: ProgramSchedulingConfig,
-        factors: RankFactors | None,
-        batch_size: int,
-        context_tokens: int,
-        used: float,
-        protected: tuple[list[float], list[float]],
-    ) -> None:
-        self.config = config
-        self.factors = factors
-        self.batch_size = batch_size
-        self.context_tokens = context_tokens
-        self.used = used
-        self.protected = protected
-        self.best: BatchGainEstimate
-
-    def estimate(self, context_tokens: int, shared_prefix_tokens: int, required: float) -> BatchGainEstimate:
-        return batch_gain_for_rank(
-            self.config,
-            self.factors,
-            batch_size_before=self.batch_size,
-            context_tokens_before=self.context_tokens,
-            candidate_context_tokens=context_tokens,
-            candidate_shared_prefix_tokens=shared_prefix_tokens,
-            used_tokens=self.used,
-            required_tokens=required,
-            protected_remaining_rounds=self.protected[0],
-            protected_cache_miss_impacts=self.protected[1],
-        )
+def largest_fitting(used: float, low: float) -> float:
+    """The largest whole demand ``r`` with ``used + r <= low`` as floats add (inf, which drops nobody, when
+    the difference is not a moderate number). The float sum never falls as ``r`` grows, so a guess from
+    the difference is corrected by a few exact checks, galloping where the float spacing is coarse."""
+    guess = low - used
+    if not abs(guess) < 2.0**52:
+        return math.inf  # no whole-number answer worth computing: an upper bound that drops nobody
+    fits = math.floor(guess)
+    if used + fits <= low:
+        step = 1
+        while used + (fits + step) <= low:
+            fits += step
+            step *= 2
+        refused = fits + step
+    else:
+        refused, step = fits, 1
+        while not used + (refused - step) <= low:
+            refused -= step
+            step *= 2
+        fits = refused - step
+    while refused - fits > 1:  # fits passes, refused does not
+        middle = (fits + refused) // 2
+        if used + middle <= low:
+            fits = middle
+        else:
+            refused = middle
+    return fits
 
 
 @dataclass(frozen=True, slots=True)

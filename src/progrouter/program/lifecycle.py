@@ -438,6 +438,7 @@ def release(core: Pausing, program: Program, now: float, *, reason: str | None =
     target = program.placement or program.last_target
     core.queues.remove(program)
     core.table.release(program)
+    core.timers.forget(program)
     core.paused_idle.pop(program, None)
     core.lineage.forget(program.ref.model_pool, program.ref.program_id)
     if reason is not None and target is not None:

@@ -147,15 +147,21 @@ class RankQueue:
         programs = self._programs
         return [programs[key[-1]] for block in self._blocks for key in block.keys]
 
-    def iter_ordered(self, hopeless: Callable[[int, int, float], bool] | None = None) -> Iterator[Program]:
-        """In resume order, without copying; stop iterating once the queue changes. ``hopeless(least
-        demand, least uncached context, earliest force deadline)`` skips every block it is True for."""
-        programs = self._programs
+    def entries(
+        self, hopeless: Callable[[int, int, float], bool] | None = None
+    ) -> Iterator[tuple[QueueKey, int, int, float]]:
+        """The queued entries' fields (``QueueEntry``'s) in resume order, without copying; stop iterating
+        once the queue changes.
+        ``hopeless(least demand, least uncached context, earliest force deadline)`` skips every block it is
+        True for."""
         for block in self._blocks:
             if hopeless is not None and hopeless(block.required, block.uncached, block.forced_at):
                 continue
-            for key in block.keys:
-                yield programs[key[-1]]
+            yield from zip(block.keys, block.demands, block.uncacheds, block.deadlines, strict=True)
+
+    def program(self, key: QueueKey) -> Program:
+        """The queued Program under ``key``."""
+        return self._programs[key[-1]]
 
     def first(self) -> Program | None:
         return self._programs[self._blocks[0].keys[0][-1]] if self._blocks else None

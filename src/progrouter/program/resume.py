@@ -25,7 +25,7 @@ Force resume (upstream §3.7): when a Program enters a queue its deadline is fro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -320,7 +320,6 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
     while queue is not None and len(queue):
-        pending: list[Program] = []
         if full:
             queue.pending.clear()
         else:
@@ -332,24 +331,17 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         if view.gate_blocked:
             return
         least = queue.bounds()
+        unforced_possible = view.admits_some(least[0], least[1])
         if full:
             hopeless = _hopeless(view, now)
             if hopeless(*least):
                 return  # then every block is: nobody can be admitted
-            candidates = queue.iter_ordered(hopeless)
+            candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
-            candidates = iter(pending)
-        unforced_possible: bool | None = None
-        for program in candidates:
-            if not _forced(program, now):
-                if unforced_possible is None:
-                    unforced_possible = view.admits_some(least[0], least[1])
-                if not unforced_possible:
-                    return
-                entry = program.queue_entry
-                assert entry is not None
-                if isinstance(view.judge(entry.required, entry.uncached), Rejection):
-                    continue  # what the plan would refuse, decided from the queued facts alone
+            entries = [entry for program in pending if (entry := program.queue_entry) is not None]
+            candidates = _screened(view, entries, now, unforced_possible, math.inf)
+        for key in candidates:
+            program = queue.program(key)
             result = plan(view, program, now)
             if isinstance(result, AdmissionPlan):
                 commit_admission(core, program, result, now)
@@ -359,6 +351,29 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
+
+
+def _screened(
+    view: RankView,
+    entries: Iterable[tuple[QueueKey, int, int, float]],
+    now: float,
+    unforced_possible: bool,
+    limit: float,
+) -> Iterator[QueueKey]:
+    """The keys of the candidates ``plan`` may admit, in resume order, decided from their queued facts
+    alone: an unforced one ``judge`` refuses is dropped, and so is every one whose demand is above
+    ``limit`` (the view's ``demand_limit``, or inf to leave that to ``judge``) unless it is forced while
+    the Rank takes one past its limits; at the first unforced candidate when none can be admitted
+    (``unforced_possible``, from the queue's bounds), the pass ends."""
+    forced_limit = limit if view.overflow_busy else math.inf
+    for key, required, uncached, forced_at in entries:
+        if forced_at <= now:
+            if required <= forced_limit:
+                yield key
+        elif not unforced_possible:
+            return
+        elif required <= limit and not isinstance(view.judge(required, uncached), Rejection):
+            yield key
 
 
 def _hopeless(view: RankView, now: float) -> Callable[[int, int, float], bool]:

@@ -5,7 +5,9 @@ dispatched before its queue timeout): the scheduler checks each due entry agains
 drops stale ones. ``next_deadline`` may therefore name a time at which nothing turns out to be due; that
 costs one early tick, never a missed one. A Program has at most one pending entry per kind (``arm``): when
 its due time moves later, the earlier entry fires, finds the new time and re-arms, so Programs that pause
-and queue again and again never pile entries up.
+and queue again and again never pile entries up. A Program's entries hold only its serial: the Program is
+kept here while it has a pending entry, and its release lets go of it at once (``forget``), however long
+its entries take to surface.
 """
 
 from __future__ import annotations
@@ -32,14 +34,18 @@ class TimerKind(IntEnum):
 
 Due = tuple[float, TimerKind, object]
 
+#: kinds whose entries are a Program's (the heap holds its serial)
+PROGRAM_KINDS = frozenset({TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION, TimerKind.FORCE_RESUME})
+
 
 class Timers:
-    __slots__ = ("_floor", "_heap", "_seq")
+    __slots__ = ("_floor", "_heap", "_programs", "_seq")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, TimerKind, int, object]] = []  # kind orders as its int
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
+        self._programs: dict[int, Program] = {}  # serial -> a Program with a pending entry
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -53,23 +59,36 @@ class Timers:
         if pending is not None and pending <= when:
             return
         program.timer_due[kind] = when
-        self.add(when, kind, program)
+        self._programs[program.serial] = program
+        self.add(when, kind, program.serial)
 
-    @staticmethod
-    def fired(program: Program, kind: TimerKind, when: float) -> bool:
+    def forget(self, program: Program) -> None:
+        """The Program was released: its entries no longer keep it (they are dropped as they surface)."""
+        if self._programs.pop(program.serial, None) is not None:
+            program.timer_due = {}
+
+    def fired(self, program: Program, kind: TimerKind, when: float) -> bool:
         """Whether a due entry is the Program's pending one (and clear it); older duplicates are not."""
         if program.timer_due.get(kind) != when:
             return False
         del program.timer_due[kind]
+        if not program.timer_due:
+            self._programs.pop(program.serial, None)
         return True
 
+    def _payload(self, kind: TimerKind, payload: object) -> object | None:
+        """What an entry is about: its Program (None once forgotten) or the payload it was added with."""
+        return self._programs.get(payload) if kind in PROGRAM_KINDS else payload  # type: ignore[call-overload]
+
     def pop_due(self, now: float) -> list[Due]:
-        """Every entry due at ``now``, in (time, kind) order."""
+        """Every entry due at ``now``, in (time, kind) order (a forgotten Program's are dropped)."""
         heap = self._heap
         out: list[Due] = []
         while heap and heap[0][0] <= now:
             when, kind, _, payload = heapq.heappop(heap)
-            out.append((when, kind, payload))
+            item = self._payload(kind, payload)
+            if item is not None:
+                out.append((when, kind, item))
         return out
 
     def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
@@ -78,16 +97,26 @@ class Timers:
         retention, a cancelled wait) would otherwise stay referenced until then."""
         if len(self._heap) <= 2 * self._floor + 1024:
             return
-        self._heap = [e for e in self._heap if still_valid(e[0], e[1], e[3])]
+        self._heap = [e for e in self._heap if self._valid(e[0], e[1], e[3], still_valid)]
         heapq.heapify(self._heap)
         self._floor = len(self._heap)
+
+    def _valid(
+        self,
+        when: float,
+        kind: TimerKind,
+        payload: object,
+        still_valid: Callable[[float, TimerKind, object], bool],
+    ) -> bool:
+        item = self._payload(kind, payload)
+        return item is not None and still_valid(when, kind, item)
 
     def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
         """The earliest entry that still matters, discarding stale ones from the top."""
         heap = self._heap
         while heap:
             when, kind, _, payload = heap[0]
-            if still_valid(when, kind, payload):
+            if self._valid(when, kind, payload, still_valid):
                 return when
             heapq.heappop(heap)
         return None
