@@ -5,19 +5,23 @@ per shell in tests/epp/test_program_scenarios.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from progrouter.server.runner import RunningRouter
 from support.factories import EngineFactory, RouterFactory
+from support.loopback import serve_app
 
 from .helpers import (
     CAPACITY,
     MODEL,
     program_body,
+    programs,
     read_sse_usage,
     wait_until,
     words,
@@ -139,3 +143,48 @@ async def test_identity_free_traffic_creates_no_program_state_and_no_polling(
     status, _ = await post(client, router, program_body("prog-a", words("a", 10)))
     assert status == 200
     await wait_until(lambda: asyncio.sleep(0, proxy.metrics_hits), lambda h: h > 0)
+
+
+async def test_a_stream_the_client_leaves_after_done_completes_its_request(
+    make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    """A worker ends a stream with ``data: [DONE]`` and then the stream's end (vLLM writes them apart); a
+    client that hangs up between the two got the whole answer, so the Program's request completed — it
+    must not count as failed (real vLLM showed it: the Program was paused as ``request_failed``)."""
+    stream_end = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        usage = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
+        await stream.write(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+        await stream.write(b'data: {"choices":[],"usage":' + json.dumps(usage).encode() + b"}\n\n")
+        await stream.write(b"data: [DONE]\n\n")
+        await stream_end.wait()  # the end comes only after the client left (the router cancels this)
+        await stream.write_eof()
+        return stream
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post(CHAT, chat)
+    app.router.add_get("/health", health)
+    runner, url = await serve_app(app)
+    try:
+        router = await make_router([url], program_config())
+        body = program_body("prog-a", words("a", 100), stream=True)
+        async with client.post(router.url + CHAT, json=body) as response:
+            assert response.status == 200
+            async for line in response.content:
+                if line.strip() == b"data: [DONE]":
+                    break  # leaving unread the stream's end: aiohttp closes this connection
+        d = await wait_until(
+            lambda: diagnostics(client, router),
+            lambda d: bool(programs(d)) and programs(d)[0]["completed_requests"] == 1,
+        )
+        assert programs(d)[0]["pause_reason"] != "request_failed"
+    finally:
+        stream_end.set()
+        await runner.cleanup()

@@ -21,6 +21,7 @@ from progrouter.program.types import UsageObservation
 
 MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024
 _USAGE_MARKER = b'"usage"'
+_DONE_MARKER = b"[DONE]"
 _CACHE_READ_KEYS = ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens")
 
 
@@ -97,11 +98,12 @@ class SseUsageAccumulator:
     long token stream is a byte search per line.
     """
 
-    __slots__ = ("_buffer", "_skipping", "first_output_at", "usage")
+    __slots__ = ("_buffer", "_skipping", "done", "first_output_at", "usage")
 
     def __init__(self) -> None:
         self.usage = UsageObservation()
         self.first_output_at: float | None = None
+        self.done = False  # the stream's ``data: [DONE]`` went by: the worker has said all it will say
         self._buffer = bytearray()
         self._skipping = False  # inside an oversized line: drop bytes until its newline
 
@@ -145,6 +147,8 @@ class SseUsageAccumulator:
 
     def _line(self, line: bytes) -> None:
         if _USAGE_MARKER not in line:
+            if _DONE_MARKER in line and line.strip().removeprefix(b"data:").strip() == b"[DONE]":
+                self.done = True
             return
         line = line.strip()
         if not line.startswith(b"data:"):

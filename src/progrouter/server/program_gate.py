@@ -99,6 +99,11 @@ class ProgramTicket:
             self._sse = SseUsageAccumulator()
         self._sse.feed(chunk, time.monotonic())
 
+    @property
+    def stream_done(self) -> bool:
+        """The streamed answer's ``data: [DONE]`` was forwarded: the worker's part is over."""
+        return self._sse is not None and self._sse.done
+
     def finish(self, success: bool) -> None:
         """Complete the dispatch in the scheduler; only the first call counts."""
         if self._finished:

@@ -227,6 +227,10 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
                     if ticket is not None:
                         ticket.observe_sse(chunk)
                     await relayed.write(chunk)
+                    if ticket is not None and ticket.stream_done:
+                        # [DONE] is out: a client that hangs up before the worker's stream ends (which
+                        # cancels this handler while it waits for that end) got the whole answer.
+                        ticket.finish(200 <= status < 300)
                 if ticket is not None:
                     # The worker's part is done and its usage is in: a client that hangs up after [DONE]
                     # (which cancels this handler in write_eof) must not turn the request into a failure.
