@@ -268,6 +268,22 @@ def plot(samplers: dict[str, Samples], path: Path) -> None:
     plt.close(fig)
 
 
+def fleet_spec(
+    profile: EngineProfile, ranks: int, block_size: int, max_num_seqs: int, *, plain_runs: bool = True
+) -> FleetSpec:
+    """The fleet a profile gives: its KV in blocks of ``block_size``, its cost models, 8,192-token chunks."""
+    return FleetSpec(
+        ranks=ranks,
+        num_blocks=profile.num_blocks(block_size),
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192,
+        prefill_cost_model=profile.prefill_cost_model,
+        decode_throughput_model=profile.decode_throughput_model,
+        plain_runs=plain_runs,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="h200-llama-8b", help=f"{', '.join(BUILTIN)} or a calibration.json")
@@ -298,15 +314,8 @@ def main() -> None:
     args = ap.parse_args()
 
     profile = load_profile(args.profile)
-    fleet = FleetSpec(
-        ranks=args.ranks,
-        num_blocks=profile.num_blocks(args.block_size),
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=8192,
-        prefill_cost_model=profile.prefill_cost_model,
-        decode_throughput_model=profile.decode_throughput_model,
-        plain_runs=not args.no_plain_runs,
+    fleet = fleet_spec(
+        profile, args.ranks, args.block_size, args.max_num_seqs, plain_runs=not args.no_plain_runs
     )
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.agents_per_rank:

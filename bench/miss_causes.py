@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_sim import build_arms, build_trace, parse_variants
+from fleet_sim import build_arms, build_trace, fleet_spec, parse_variants
 from progrouter.engine import PromptBlocks, RequestOutput
 from progrouter.engine.profiles import load_profile
 from progrouter.program.state import ProgramState
 from progrouter.routing.target import Target
-from progrouter.sim.ranks import FleetSpec, SimRank
+from progrouter.sim.ranks import SimRank
 from progrouter.sim.requests import SimRequest
 from progrouter.sim.routers import MODEL_POOL, NativeRouter, ProgramRouter
 from progrouter.sim.simulation import Simulation
@@ -308,15 +308,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     profile = load_profile(args.profile)
-    fleet = FleetSpec(
-        ranks=args.ranks,
-        num_blocks=profile.num_blocks(args.block_size),
-        block_size=args.block_size,
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        prefill_cost_model=profile.prefill_cost_model,
-        decode_throughput_model=profile.decode_throughput_model,
-    )
+    fleet = fleet_spec(profile, args.ranks, args.block_size, 256)
     trace = build_trace(args.agents, args.seed, args.reserve, fleet)
     names = [a for a in args.arms.split(",") if a]
     reports = []
