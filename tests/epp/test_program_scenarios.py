@@ -27,6 +27,14 @@ async def diagnostics(client: aiohttp.ClientSession, shell: Shell | Stack) -> di
         return data
 
 
+async def settled(client: aiohttp.ClientSession, shell: Shell | Stack) -> dict[str, Any]:
+    """Diagnostics once the Rank has no request in flight (the router finishes a request after its client)."""
+    d: dict[str, Any] = await wait_until(
+        lambda: diagnostics(client, shell), lambda d: rank(d)["router_in_flight_requests"] == 0
+    )
+    return d
+
+
 async def post(
     client: aiohttp.ClientSession, url: str, body: dict[str, Any], path: str = CHAT
 ) -> tuple[int, Any]:
@@ -125,9 +133,7 @@ async def test_json_and_sse_usage_reach_the_scheduler_once(
     assert shell.registry.get_sample_value(feedback, {**pool, "endpoint": CHAT, "outcome": "missing"}) == 1
     sse = {**pool, "endpoint": "/v1/completions", "outcome": "observed"}
     assert shell.registry.get_sample_value(feedback, sse) == 1
-    d = await wait_until(
-        lambda: diagnostics(client, shell), lambda d: rank(d)["router_in_flight_requests"] == 0
-    )
+    d = await settled(client, shell)
     assert rank(d)["router_ledger_tokens"] == 0
 
 
@@ -289,9 +295,7 @@ async def test_client_disconnect_mid_stream_completes_the_request_as_failed(
         engine.server.set_fault(0, "stall")  # and now it cannot end on its own
         d = await diagnostics(client, shell)
         assert rank(d)["router_in_flight_requests"] == 1
-    d = await wait_until(
-        lambda: diagnostics(client, shell), lambda d: rank(d)["router_in_flight_requests"] == 0
-    )
+    d = await settled(client, shell)
     assert rank(d)["router_estimated_used_tokens"] == 0
 
 
@@ -353,8 +357,6 @@ async def test_envoys_route_timeout_completes_the_request_as_failed(
     engine.server.set_fault(0, "stall")
     async with client.post(shell.url + CHAT, json=program_body("prog-t", words("t", 100))) as response:
         assert response.status == 504
-    d = await wait_until(
-        lambda: diagnostics(client, shell), lambda d: rank(d)["router_in_flight_requests"] == 0
-    )
+    d = await settled(client, shell)
     assert rank(d)["router_estimated_used_tokens"] == 0
     engine.server.set_fault(0, "none")
