@@ -149,7 +149,8 @@ def _router_argv(router: str, worker_port: int, port: int) -> list[str]:
         "--log-level", "warning",
         "--enable-program-scheduling",
     ]  # fmt: skip
-    return [str(UPSTREAM), *flags] if router == "upstream" else ["serve", *flags]
+    extra = os.environ.get("OVERHEAD_SERVE_FLAGS", "").split()  # e.g. --no-front-door (a12front's A/B hook)
+    return [str(UPSTREAM), *flags] if router == "upstream" else ["serve", *flags, *extra]
 
 
 async def measure(

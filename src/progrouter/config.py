@@ -454,6 +454,8 @@ class RouterConfig(_Strict):
     client_body_timeout_secs: float = Field(default=300.0, gt=0)
     client_keepalive_timeout_secs: float = Field(default=75.0, gt=0)
     max_client_connections: int = Field(default=8192, ge=1)
+    # The hot proxied routes served below aiohttp's web layer (docs/performance.md "Front door").
+    front_door: bool = True
 
     @field_validator("client_api_keys", "admin_api_key")
     @classmethod

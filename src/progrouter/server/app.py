@@ -22,7 +22,6 @@ from progrouter.observe.kv_events import kv_events_context
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.server.admin import add_admin_routes
 from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState
-from progrouter.server.cors import install_cors
 from progrouter.server.dashboard import install_dashboard
 from progrouter.server.edge import install_edge
 from progrouter.server.errors import json_error, json_response
@@ -191,8 +190,7 @@ def build_app(
     app[PROXY_KEY] = _proxy(config, state)
     for target in state.targets:
         state.metrics.cb_state.labels(target.id).set(0)
-    install_edge(app, config)
-    install_cors(app, config.cors_allowed_origins)
+    install_edge(app, config, state)
     app[REGISTRY_KEY] = registry
     app[CONFIG_KEY] = config
     add_status_routes(app)

@@ -31,6 +31,7 @@ from multidict import CIMultiDict
 
 from progrouter.config import RouterConfig, read_keys_file
 from progrouter.server.errors import json_error
+from progrouter.server.exchange import Inbound
 
 OPEN_PATHS = frozenset({"/health", "/readiness", "/liveness"})
 ADMIN_PATHS = frozenset(
@@ -133,10 +134,11 @@ def _unauthorized(message: str) -> web.Response:
     return response
 
 
-def screen(policy: AccessPolicy, request: web.Request) -> web.Request | web.Response:
-    """The request with the ``Authorization`` a worker should see, or the refusal of its caller."""
+def screen(policy: AccessPolicy, request: Inbound) -> CIMultiDict[str] | web.Response | None:
+    """The refusal of the caller; or the headers a worker should see (a new ``Authorization``); or None when
+    the request goes on as it came."""
     if not policy.authenticates and not policy.admin_keys:
-        return request  # an open router: every route open, the client's own Authorization goes on
+        return None  # an open router: every route open, the client's own Authorization goes on
     access = route_access(request.method, request.path, request.headers)
     refused = policy.refusal(access, request.headers.get("Authorization"))
     if refused is not None:
@@ -148,8 +150,13 @@ def screen(policy: AccessPolicy, request: web.Request) -> web.Request | web.Resp
         headers.popall("Authorization", None)
         if policy.worker_authorization is not None:
             headers["Authorization"] = policy.worker_authorization
-        return request.clone(headers=headers)
-    return request
+        return headers
+    return None
+
+
+def screened(request: web.Request, outcome: CIMultiDict[str] | None) -> web.Request:
+    """An aiohttp request as ``screen`` left it."""
+    return request if outcome is None else request.clone(headers=outcome)
 
 
 def access_control(policy: AccessPolicy) -> Middleware:
@@ -157,9 +164,9 @@ def access_control(policy: AccessPolicy) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        screened = screen(policy, request)
-        if isinstance(screened, web.Response):
-            return screened
-        return await handler(screened)
+        outcome = screen(policy, request)
+        if isinstance(outcome, web.Response):
+            return outcome
+        return await handler(screened(request, outcome))
 
     return middleware

@@ -212,6 +212,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--client-body-timeout-secs", "408 when a client's request body takes longer", type=float)
     a("--client-keepalive-timeout-secs", "idle client connections are closed after it", type=float)
     a("--max-client-connections", "client connections at once; 503 past it", type=int)
+    a(
+        "--no-front-door",
+        "serve every route through aiohttp's web layer (the front door serves the hot proxied routes)",
+        dest="front_door",
+        action="store_false",
+        shown_default=True,
+    )
     # Not supported: parsed so that the error is one line naming the flag
     refused = parser.add_argument_group("vllm-router flags progrouter refuses (startup ends naming the flag)")
     for name in PD_FLAGS:

@@ -89,9 +89,22 @@ class ConnectionGuard:
         self.lingering_time = min(LINGER_SECS, config.client_body_timeout_secs)
         self.open = 0
 
-    def protocol(self, server: web.Server, loop: asyncio.AbstractEventLoop) -> GuardedHandler:
+    def admit(self) -> str | None:
+        """Count one more open connection; or the reason it is refused (the bound is reached)."""
+        if self.open >= self.max_connections:
+            return f"the router holds its limit of {self.max_connections} client connections"
+        self.open += 1
+        return None
+
+    def release(self) -> None:
+        self.open -= 1
+
+    def protocol(
+        self, server: web.Server, loop: asyncio.AbstractEventLoop, kind: type[GuardedHandler] | None = None
+    ) -> GuardedHandler:
+        """A new connection's aiohttp protocol (``kind``: a subclass, for the front door's loans)."""
         backstop = self.keepalive_timeout + self.header_timeout  # never before the handler's own deadlines
-        return GuardedHandler(
+        return (kind or GuardedHandler)(
             server,
             self,
             loop=loop,
@@ -121,18 +134,17 @@ class GuardedHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        guard = self._guard
-        if guard.open >= guard.max_connections:
-            self._refuse(503, f"the router holds its limit of {guard.max_connections} client connections")
+        refusal = self._guard.admit()
+        if refusal is not None:
+            self._refuse(503, refusal)
             return
-        guard.open += 1
         self._counted = True
         self._wait_for_head()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._counted:
             self._counted = False
-            self._guard.open -= 1
+            self._guard.release()
         self._due = None
         if self._deadline is not None:
             self._deadline.cancel()
@@ -245,8 +257,12 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         self._server = await loop.create_server(
-            lambda: self._guard.protocol(server, loop), self._host, self._port, backlog=self._backlog
+            lambda: self.protocol(server, loop), self._host, self._port, backlog=self._backlog
         )
+
+    def protocol(self, server: web.Server, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
+        """Each new connection's protocol (the front door's site starts them on its own)."""
+        return self._guard.protocol(server, loop)
 
 
 def body_reader(config: RouterConfig) -> Callable[[web.Request], Awaitable[web.Response | None]]:
@@ -273,7 +289,7 @@ def body_reader(config: RouterConfig) -> Callable[[web.Request], Awaitable[web.R
                 async with asyncio.timeout(timeout):
                     await request.read()
         except TimeoutError:
-            return json_error(408, f"the request body was not complete within {timeout:g} s", close=True)
+            return body_timed_out(timeout)
         except web.HTTPRequestEntityTooLarge:
             return json_error(413, too_large, close=True)
         except RequestPayloadError:
@@ -281,3 +297,8 @@ def body_reader(config: RouterConfig) -> Callable[[web.Request], Awaitable[web.R
         return None
 
     return read_body
+
+
+def body_timed_out(timeout: float) -> web.Response:
+    """The 408 for a body not complete within ``client_body_timeout_secs`` (the connection ends)."""
+    return json_error(408, f"the request body was not complete within {timeout:g} s", close=True)

@@ -13,7 +13,7 @@ any site read the answers of a router it can reach (say, on localhost); list ``*
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 
 from aiohttp import web
 
@@ -47,17 +47,15 @@ class Cors:
         headers["Access-Control-Max-Age"] = MAX_AGE
         return web.Response(status=200, headers=headers)
 
-    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
-        if "Access-Control-Max-Age" in response.headers:  # a preflight: already complete
+    def decorate(self, headers: MutableMapping[str, str], origin: str | None) -> None:
+        """Add the CORS headers to a response's ``headers`` (a preflight's are already complete)."""
+        if "Access-Control-Max-Age" in headers:
             return
-        response.headers.update(self.headers(request.headers.get("Origin")))
-        response.headers["Access-Control-Expose-Headers"] = EXPOSE
+        headers.update(self.headers(origin))
+        headers["Access-Control-Expose-Headers"] = EXPOSE
 
 
-def install_cors(app: web.Application, origins: Sequence[str]) -> None:
-    """Nothing at all without origins; else the preflight middleware and the response hook."""
-    if not origins:
-        return
-    cors = Cors(origins)
-    app.middlewares.append(cors.preflight)
-    app.on_response_prepare.append(cors.on_prepare)
+def install_cors(app: web.Application, cors: Cors | None) -> None:
+    """Nothing at all without origins; else the preflight middleware (the edge decorates every answer)."""
+    if cors is not None:
+        app.middlewares.append(cors.preflight)

@@ -16,6 +16,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from progrouter.server.errors import json_error
+from progrouter.server.exchange import Answer, Inbound
 from progrouter.server.state import RouterState
 
 log = logging.getLogger("progrouter.router")
@@ -36,7 +37,7 @@ INTROSPECTION = frozenset(
 RETRY_AFTER_SECONDS = "1"
 
 
-def drain_exempt(request: web.BaseRequest) -> bool:
+def drain_exempt(request: Inbound) -> bool:
     """Answered from memory and never refused by the drain (nor counted by it)."""
     return request.method == "GET" and request.path in INTROSPECTION
 
@@ -50,9 +51,9 @@ def drain_refusal(state: RouterState) -> web.Response | None:
     )
 
 
-def answered_in_drain(state: RouterState, response: web.StreamResponse) -> web.StreamResponse:
+def answered_in_drain(state: RouterState, response: Answer) -> Answer:
     """A counted request is done; a 503 answered during the drain says when to retry."""
-    if state.draining and response.status == 503 and not response.prepared:
+    if state.draining and isinstance(response, web.Response) and response.status == 503:
         _retryable(response)
     return response
 

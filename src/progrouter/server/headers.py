@@ -13,6 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from progrouter.server.errors import json_error
+from progrouter.server.exchange import Inbound
 
 HOP_BY_HOP = frozenset(
     {
@@ -81,7 +82,7 @@ def header_violation(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None
     return None
 
 
-def header_refusal(request: web.BaseRequest) -> web.Response | None:
+def header_refusal(request: Inbound) -> web.Response | None:
     """The 400 for a request whose headers hold CR, LF or NUL (None: let it through)."""
     reason = header_violation(request.raw_headers)
     return None if reason is None else json_error(400, reason, close=True)

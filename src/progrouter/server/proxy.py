@@ -39,6 +39,7 @@ from progrouter.server import tracing
 from progrouter.server.circuit_breaker import Breakers
 from progrouter.server.errors import json_error
 from progrouter.server.event_feed import EventFeed
+from progrouter.server.exchange import AiohttpExchange, Answer, Exchange, Stream
 from progrouter.server.gate import ProgramGate, ProgramTicket
 from progrouter.server.headers import request_headers, response_headers
 from progrouter.server.limiter import InboundLimiter, Rejected
@@ -164,18 +165,17 @@ class Refused(Exception):
 class _Call:
     """One client request being proxied."""
 
-    request: web.Request
+    request: Exchange
     state: RouterState
     proxy: Proxy
     route: str
-    raw: bytes
     headers: CIMultiDict[str]
     started: float
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is several times slower
 class _Relayed:
-    response: web.StreamResponse
+    response: Answer
     success: bool  # a 2xx relayed in full
     worker_ok: bool  # what the circuit breaker hears: the worker answered, and not with a server error
 
@@ -203,7 +203,7 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
     try:
         # A worker's redirect is relayed, never followed: the router contacts configured workers only.
         upstream = await call.proxy.workers.request(
-            call.request.method, target.base_url, call.request.path_qs, headers, call.raw
+            call.request.method, target.base_url, call.request.path_qs, headers, call.request.body
         )
     except TimeoutError as exc:
         metrics.upstream_errors.labels(target.id, "timeout").inc()
@@ -212,7 +212,7 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
         metrics.upstream_errors.labels(target.id, "connection").inc()
         raise AttemptFailed(502, f"worker {target.id} unreachable: {exc}", connection=True) from exc
 
-    relayed: web.StreamResponse | None = None
+    relayed: Answer | None = None
     complete = False
     status = upstream.status
     try:
@@ -220,13 +220,13 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
             metrics.upstream_errors.labels(target.id, "status").inc()
             raise AttemptFailed(status, f"worker {target.id} answered {status}", connection=False)
         if _is_stream(upstream):
-            relayed = web.StreamResponse(status=status, headers=response_headers(upstream.headers))
+            stream: Stream | None = None
             try:
-                await relayed.prepare(call.request)
+                stream = relayed = await call.request.stream(status, response_headers(upstream.headers))
                 while chunk := await upstream.next_chunk():
                     if ticket is not None:
                         ticket.observe_sse(chunk)
-                    await relayed.write(chunk)
+                    await stream.write(chunk)
                     if ticket is not None and ticket.stream_done:
                         # [DONE] is out: a client that hangs up before the worker's stream ends (which
                         # cancels this handler while it waits for that end) got the whole answer.
@@ -235,10 +235,11 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
                     # The worker's part is done and its usage is in: a client that hangs up after [DONE]
                     # (which cancels this handler in write_eof) must not turn the request into a failure.
                     ticket.finish(200 <= status < 300)
-                await relayed.write_eof()
+                await stream.write_eof()
             except ConnectionResetError:  # the client went away mid-stream (not the worker's fault)
                 log.debug("client left during the stream from %s", target.id)
-                return _Relayed(relayed, False, True)
+                # Before the head went out, an unsent answer with the worker's status: nobody reads it.
+                return _Relayed(stream or web.StreamResponse(status=status), False, True)
         else:
             data = await upstream.read()
             if ticket is not None:
@@ -254,8 +255,7 @@ async def _forward(call: _Call, target: Target, ticket: ProgramTicket | None, *,
             raise AttemptFailed(status, f"worker {target.id} {cause}", connection=False) from exc
         # Headers and part of the stream are out: the only honest signal left is a broken connection.
         log.warning("stream from %s broke off after the response started: %r", target.id, exc)
-        if call.request.transport is not None:
-            call.request.transport.close()
+        call.request.abort()
         return _Relayed(relayed, False, False)
     finally:
         if complete:
@@ -304,7 +304,7 @@ class _Native:
 
     def __init__(self, call: _Call, body: Mapping[str, Any] | None) -> None:
         self.call = call
-        self.routing = RoutingRequest(call.request.headers, body, call.raw)
+        self.routing = RoutingRequest(call.request.headers, body, call.request.body)
         self.failed: set[str] = set()  # target ids
         self.dead_workers: set[str] = set()
 
@@ -356,7 +356,7 @@ async def _acquire(call: _Call, body: Mapping[str, Any] | None) -> ProgramTicket
     assert gate is not None
     try:
         headers = call.request.headers
-        return await gate.acquire(route=call.route, body=body, raw_body=call.raw, headers=headers)
+        return await gate.acquire(route=call.route, body=body, raw_body=call.request.body, headers=headers)
     except ScheduleError as exc:
         gate.rejected(exc)
         raise Refused(exc.status, str(exc), "program_scheduling", retryable=False) from exc
@@ -383,7 +383,7 @@ def _record_cache_aware(state: RouterState, available: list[Target]) -> None:
 
 
 # ------------------------------------------------------------------------------------ the retry loop
-async def _relay(call: _Call, chooser: _Native | _Program) -> web.StreamResponse:
+async def _relay(call: _Call, chooser: _Native | _Program) -> Answer:
     state, proxy = call.state, call.proxy
     metrics = state.metrics
     attempts = proxy.retry.attempts
@@ -443,9 +443,19 @@ _INVALID = object()
 
 
 async def handle_post(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    proxy = request.app[PROXY_KEY]
-    call = _Call(request, state, proxy, request.path, b"", CIMultiDict(), time.perf_counter())
+    """The aiohttp route handler of every proxied route."""
+    answer = await proxy_request(
+        AiohttpExchange(request, await request.read()),  # read whole by the edge (``connection.body_reader``)
+        request.app[STATE_KEY],
+        request.app[PROXY_KEY],
+    )
+    assert isinstance(answer, web.StreamResponse)  # AiohttpExchange streams are aiohttp's own
+    return answer
+
+
+async def proxy_request(request: Exchange, state: RouterState, proxy: Proxy) -> Answer:
+    """Proxy one request that passed the edge, whichever server carries it (aiohttp's or the front door)."""
+    call = _Call(request, state, proxy, request.path, CIMultiDict(), time.perf_counter())
     try:
         if not proxy.limiter.try_take():
             await proxy.limiter.acquire()
@@ -464,15 +474,14 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         proxy.limiter.release()
 
 
-async def _proxy(call: _Call) -> web.StreamResponse:
+async def _proxy(call: _Call) -> Answer:
     request, state = call.request, call.state
-    call.raw = await request.read()  # already read whole by the edge (``connection.body_reader``): no wait
 
     body: Mapping[str, Any] | None = None
     json_route = call.route in JSON_ROUTES
     if json_route or state.policy.needs_body or state.gate is not None:
         try:
-            parsed: Any = orjson.loads(call.raw)
+            parsed: Any = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
             if json_route:
                 return _fail(call, 400, f"malformed JSON body: {exc}", "bad_request")

@@ -3,7 +3,7 @@
 The id is the value of the first header of ``request_id_headers`` the request carries (upstream's default
 list: ``x-request-id``, ``x-correlation-id``, ``x-trace-id``, ``request-id``); without one, a new id of
 upstream's shape (``chatcmpl-``, ``cmpl-``, ``gnt-`` or ``req-`` by route, then 24 letters and digits).
-Every response answers it as ``X-Request-ID`` (streams too: it is added as the response is prepared); the
+Every response answers it as ``X-Request-ID`` (streams too: the edge adds it to every response head); the
 proxy sends it on to the worker as ``X-Request-ID`` (upstream forwards only the client's own header); and
 it is held in a context variable that ``RequestIdFilter`` puts on log records, so every line logged while
 serving the request names it.
@@ -15,9 +15,7 @@ import contextvars
 import logging
 import os
 import string
-from collections.abc import Callable, Mapping, Sequence
-
-from aiohttp import web
+from collections.abc import Mapping, Sequence
 
 DEFAULT_HEADERS: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
 HEADER = "X-Request-ID"
@@ -30,7 +28,6 @@ _PREFIXES = {
     "/inference/v1/generate": "gnt-",
 }
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("progrouter_request_id", default=None)
-_KEY = web.RequestKey("progrouter_request_id", str)
 
 
 # Each random byte b becomes _ALPHABET[b % 62], as one C-level translate of the bytes.
@@ -51,22 +48,9 @@ def pick_request_id(headers: Mapping[str, str], names: Sequence[str], path: str)
     return new_request_id(path)
 
 
-def install_request_ids(app: web.Application, names: Sequence[str] | None) -> Callable[[web.Request], str]:
-    """Echo each request's id on its response (as it is prepared); return ``assign``, which the edge calls
-    first thing: it picks the request's id and keeps it on the request."""
-    header_names = tuple(n.lower() for n in names) if names else DEFAULT_HEADERS
-
-    def assign(request: web.Request) -> str:
-        rid = request[_KEY] = pick_request_id(request.headers, header_names, request.path)
-        return rid
-
-    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-        rid = request.get(_KEY)
-        if rid is not None:
-            response.headers[HEADER] = rid
-
-    app.on_response_prepare.append(on_prepare)
-    return assign
+def header_names(names: Sequence[str] | None) -> tuple[str, ...]:
+    """The headers an id is read from, in order and lower-case (upstream's list when none are configured)."""
+    return tuple(n.lower() for n in names) if names else DEFAULT_HEADERS
 
 
 class RequestIdFilter(logging.Filter):

@@ -15,6 +15,7 @@ from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
 from progrouter.server.connection import ConnectionGuard, GuardedSite
 from progrouter.server.dashboard import install_metrics_dashboard
+from progrouter.server.front import FrontSite
 from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
 from progrouter.server.status import metrics_app
 
@@ -49,15 +50,20 @@ class RunningRouter:
 
 
 async def _serve(
-    app: web.Application, host: str, port: int, guard: ConnectionGuard
+    app: web.Application, host: str, port: int, guard: ConnectionGuard, front: RouterConfig | None = None
 ) -> tuple[web.AppRunner, int]:
+    """``app`` on ``host:port``; with ``front`` (the router's config), behind the front door."""
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the upstream call.
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=STOP_GRACE_SECONDS
     )
     await runner.setup()
     try:
-        site = GuardedSite(runner, host, port, guard)
+        site = (
+            GuardedSite(runner, host, port, guard)
+            if front is None
+            else FrontSite(runner, host, port, guard, front, grace=STOP_GRACE_SECONDS)
+        )
         await site.start()
     except BaseException:
         await runner.cleanup()
@@ -73,7 +79,7 @@ async def start_router(config: RouterConfig, *, workers_start_healthy: bool = Tr
     """
     app = build_app(config, workers_start_healthy=workers_start_healthy)
     guard = ConnectionGuard(config)
-    runner, port = await _serve(app, config.host, config.port, guard)
+    runner, port = await _serve(app, config.host, config.port, guard, config if config.front_door else None)
     running = RunningRouter(_url(config.host, port), None, app, [runner])
     if config.prometheus_port is not None:
         try:
