@@ -74,6 +74,8 @@ class FrontDoor:
         self.body_timeout = body_timeout
         self.connections: set[FrontConnection] = set()
         self.closing = False
+        # Requests answered here, bodiless ones lent to aiohttp, connections handed over for good.
+        self.served = self.lent = self.handed_over = 0
 
     def protocol(self, loop: asyncio.AbstractEventLoop) -> FrontConnection:
         return FrontConnection(self, loop)
@@ -285,6 +287,7 @@ class FrontConnection(asyncio.Protocol):
             self._hand_over()  # aiohttp refuses it (after the access check, as for any request)
             return
         del buffer[:end]
+        self._door.served += 1
         request = self._request = FrontRequest(self, message, length)
         if self._idle is not None:
             self._idle.cancel()
@@ -455,6 +458,7 @@ class FrontConnection(asyncio.Protocol):
         """aiohttp's protocol takes the connection from here, with the bytes read so far."""
         data = bytes(self._buffer)
         self._buffer.clear()
+        self._door.handed_over += 1
         self._to_aiohttp(data, None)
 
     def _lend(self, end: int) -> None:
@@ -462,6 +466,7 @@ class FrontConnection(asyncio.Protocol):
         client sends meanwhile waits here, and the connection comes back with the answer (``LentHandler``)."""
         head = bytes(self._buffer[:end])
         del self._buffer[:end]
+        self._door.lent += 1
         self._to_aiohttp(head, self)
 
     def _to_aiohttp(self, data: bytes, lender: FrontConnection | None) -> None:
@@ -561,6 +566,10 @@ class FrontSite(GuardedSite):
             max_payload=config.max_payload_size,
             body_timeout=config.client_body_timeout_secs,
         )
+
+    @property
+    def door(self) -> FrontDoor:
+        return self._door
 
     def protocol(self, server: web.Server, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
         return self._door.protocol(loop)

@@ -15,7 +15,7 @@ from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
 from progrouter.server.connection import ConnectionGuard, GuardedSite
 from progrouter.server.dashboard import install_metrics_dashboard
-from progrouter.server.front import FrontSite
+from progrouter.server.front import FrontDoor, FrontSite
 from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
 from progrouter.server.status import metrics_app
 
@@ -42,6 +42,12 @@ class RunningRouter:
     @property
     def state(self) -> RouterState:
         return self.app[STATE_KEY]
+
+    @property
+    def front_door(self) -> FrontDoor | None:
+        """The router listener's front door (None with ``front_door`` off)."""
+        sites = self._runners[0].sites if self._runners else []
+        return next((site.door for site in sites if isinstance(site, FrontSite)), None)
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):

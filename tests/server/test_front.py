@@ -1,0 +1,296 @@
+"""The front door over real loopback sockets: which requests it serves, what it hands to aiohttp, and the
+HTTP/1.1 details both servers must get right (keep-alive, pipelining, uploads, errors, hang-ups)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import orjson
+import pytest
+import uvloop
+
+from progrouter.config import RouterConfig
+from progrouter.server.front import FrontDoor
+from progrouter.server.runner import RunningRouter, start_router
+from support.factories import RouterFactory, router_config
+
+from .conftest import WorkerFactory
+from .workers import FakeWorker
+
+CHAT = "/v1/chat/completions"
+BODY = orjson.dumps({"model": "model-a", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def post(body: bytes = BODY, path: str = CHAT, extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: router\r\n\r\n".encode()
+
+
+class Conn:
+    """A raw client connection that reads replies one at a time (fixed-length or chunked)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, router: RunningRouter) -> Conn:
+        host, port = router.url.removeprefix("http://").rsplit(":", 1)
+        return cls(*await asyncio.open_connection(host, int(port)))
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        raw = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        lines = raw.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        return int(lines[0].split(" ", 2)[1]), headers
+
+    async def reply(self) -> tuple[int, dict[str, str], bytes]:
+        status, headers = await self.head()
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int((await self.reader.readuntil(b"\r\n")).strip(), 16):
+                body += await self.reader.readexactly(size)
+                await self.reader.readexactly(2)
+            await self.reader.readexactly(2)
+            return status, headers, body
+        return status, headers, await self.reader.readexactly(int(headers.get("content-length", "0")))
+
+    async def closed(self) -> bool:
+        """The server closed the connection (EOF within a bounded wait)."""
+        return await asyncio.wait_for(self.reader.read(), 10) == b""
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def door(router: RunningRouter) -> FrontDoor:
+    front = router.front_door
+    assert front is not None
+    return front
+
+
+async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_same_connection(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    try:
+        for request, expected in ((post(), 200), (get("/health"), 200), (post(), 200), (get("/nope"), 404)):
+            await conn.send(request)
+            status, headers, body = await conn.reply()
+            assert status == expected, body
+            assert headers["x-request-id"]
+            assert "date" in headers and headers["server"].startswith("Python/")
+        assert door(router).served == 2 and door(router).lent == 2 and door(router).handed_over == 0
+        assert [r["raw"] for r in worker.requests] == [BODY, BODY]
+        assert worker.requests[0]["headers"]["X-Request-ID"].startswith("chatcmpl-")
+    finally:
+        conn.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    try:
+        bad = b'{"model": '
+        await conn.send(post() + get("/liveness") + post(bad) + post(path="/v1/completions"))
+        replies = [await conn.reply() for _ in range(4)]
+        assert [r[0] for r in replies] == [200, 200, 400, 200]
+        assert b"malformed JSON body" in replies[2][2]
+        assert orjson.loads(replies[3][2])["path"] == "/v1/completions"
+        assert door(router).served == 3
+    finally:
+        conn.close()
+
+
+async def test_chunked_and_expect_continue_uploads_go_to_aiohttp_and_are_forwarded_whole(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    try:
+        half = len(BODY) // 2
+        chunks = f"{half:x}\r\n".encode() + BODY[:half] + f"\r\n{len(BODY) - half:x}\r\n".encode()
+        chunks += BODY[half:] + b"\r\n0\r\n\r\n"
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        await conn.send(head + chunks)
+        status, _headers, _body = await conn.reply()
+        assert status == 200
+        assert worker.requests[-1]["raw"] == BODY
+        assert door(router).handed_over == 1 and door(router).served == 0
+    finally:
+        conn.close()
+    conn = await Conn.open(router)
+    try:
+        await conn.send(post(extra="Expect: 100-continue\r\n")[: -len(BODY)])
+        status, _headers = await conn.head()
+        assert status == 100
+        await conn.send(BODY)
+        status, _headers, _body = await conn.reply()
+        assert status == 200 and worker.requests[-1]["raw"] == BODY
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost r\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -2\r\n\r\n{}", 400),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 100000\r\n\r\n{}", 413),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nX: a\x00b\r\nContent-Length: 2\r\n\r\n{}", 400),
+    ],
+)
+async def test_bad_heads_and_oversize_bodies_get_the_json_error_and_reach_no_worker(
+    make_worker: WorkerFactory, make_router: RouterFactory, request_bytes: bytes, status: int
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], max_payload_size=65536)
+    conn = await Conn.open(router)
+    try:
+        await conn.send(request_bytes)
+        got, headers, body = await conn.reply()
+        assert got == status, body
+        assert headers["content-type"].startswith("application/json")
+        assert orjson.loads(body)["error"]["code"] == status
+        assert worker.requests == []
+    finally:
+        conn.close()
+
+
+async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_gets_408(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], client_body_timeout_secs=0.5)
+    conn = await Conn.open(router)
+    try:
+        request = post()
+        await conn.send(request[:-5])
+        await asyncio.sleep(0.05)  # the rest comes in a later read; no timing is asserted
+        await conn.send(request[-5:])
+        status, _headers, _body = await conn.reply()
+        assert status == 200 and worker.requests[-1]["raw"] == BODY
+        assert door(router).served == 1
+        await conn.send(request[:-5])
+        status, headers, body = await conn.reply()
+        assert status == 408 and headers["connection"] == "close"
+        assert b"not complete within 0.5 s" in body
+        assert await conn.closed()
+        assert len(worker.requests) == 1
+    finally:
+        conn.close()
+
+
+async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
+    status, headers = await conn.head()
+    assert status == 200 and headers["transfer-encoding"] == "chunked"
+    assert headers["content-type"] == "text/event-stream" and headers["x-worker"] == worker.name
+    first = await asyncio.wait_for(conn.reader.readuntil(b"\n\n\r\n"), 10)
+    assert b'data: {"n": 1}' in first
+    conn.close()
+    await asyncio.wait_for(worker.cancelled.wait(), 10)
+    async with asyncio.timeout(10):
+        while router.state.active_requests:
+            await asyncio.sleep(0.01)
+
+
+async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    try:
+        worker.release.set()
+        await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
+        status, _headers, body = await conn.reply()
+        assert status == 200
+        assert body == b'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
+        await conn.send(post())
+        assert (await conn.reply())[0] == 200
+        assert door(router).served == 2
+    finally:
+        conn.close()
+
+
+async def test_program_requests_through_the_front_door_release_their_capacity(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], {"token_capacity_per_dp_rank": 100000})
+    conn = await Conn.open(router)
+    try:
+        context = orjson.dumps({"task_id": "t1", "agent_id": "a"}).decode()
+        body = orjson.dumps({"model": "model-a", "prompt": "hi", "vllm_xargs": {"agentic_context": context}})
+        for _ in range(3):
+            await conn.send(post(body, "/v1/completions"))
+            assert (await conn.reply())[0] == 200
+        await conn.send(get("/scheduling/diagnostics"))
+        status, _headers, raw = await conn.reply()
+        assert status == 200
+        diagnostics: Any = orjson.loads(raw)
+        assert door(router).served == 3
+        assert "programs" in diagnostics or diagnostics  # the admin route answered on a front connection
+    finally:
+        conn.close()
+
+
+async def test_stop_closes_idle_front_connections(make_worker: WorkerFactory) -> None:
+    worker = await make_worker()
+    router = await start_router(router_config([worker.url]))
+    conn = await Conn.open(router)
+    try:
+        await conn.send(post())
+        assert (await conn.reply())[0] == 200
+        await router.stop()
+        assert await conn.closed()
+    finally:
+        conn.close()
+        await router.stop()
+
+
+async def _keep_alive_scenario() -> tuple[list[int], int, int]:
+    worker = await FakeWorker("uv").start()
+    router = await start_router(RouterConfig(worker_urls=[worker.url], host="127.0.0.1", port=0))
+    try:
+        conn = await Conn.open(router)
+        await conn.send(post() + get("/health") + post())
+        statuses = [(await conn.reply())[0] for _ in range(3)]
+        conn.close()
+        return statuses, door(router).served, door(router).lent
+    finally:
+        await router.stop()
+        await worker.stop()
+
+
+def test_under_uvloop_the_connection_goes_to_aiohttp_and_comes_back() -> None:
+    """The router runs under uvloop (``progrouter serve``): lending a connection uses ``set_protocol``."""
+    result: list[tuple[list[int], int, int]] = []
+    thread = threading.Thread(target=lambda: result.append(uvloop.run(_keep_alive_scenario())))
+    thread.start()
+    thread.join(60)
+    assert result == [([200, 200, 200], 2, 1)]
