@@ -52,7 +52,9 @@ class Conn:
     async def head(self) -> tuple[int, dict[str, str]]:
         raw = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
         lines = raw.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)
+        }
         return int(lines[0].split(" ", 2)[1]), headers
 
     async def reply(self) -> tuple[int, dict[str, str], bytes]:
@@ -240,23 +242,40 @@ async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(
 async def test_program_requests_through_the_front_door_release_their_capacity(
     make_worker: WorkerFactory, make_router: RouterFactory
 ) -> None:
+    """Answered Program requests and one whose client hangs up mid-stream all give their capacity back."""
     worker = await make_worker()
     router = await make_router([worker.url], {"token_capacity_per_dp_rank": 100000})
+    context = orjson.dumps({"task_id": "t1", "agent_id": "a"}).decode()
+    fields: dict[str, Any] = {"model": "model-a", "prompt": "hi", "vllm_xargs": {"agentic_context": context}}
     conn = await Conn.open(router)
     try:
-        context = orjson.dumps({"task_id": "t1", "agent_id": "a"}).decode()
-        body = orjson.dumps({"model": "model-a", "prompt": "hi", "vllm_xargs": {"agentic_context": context}})
         for _ in range(3):
-            await conn.send(post(body, "/v1/completions"))
+            await conn.send(post(orjson.dumps(fields), "/v1/completions"))
             assert (await conn.reply())[0] == 200
-        await conn.send(get("/scheduling/diagnostics"))
-        status, _headers, raw = await conn.reply()
-        assert status == 200
-        diagnostics: Any = orjson.loads(raw)
-        assert door(router).served == 3
-        assert "programs" in diagnostics or diagnostics  # the admin route answered on a front connection
+        assert await _in_flight(conn) == 0
+        streamed = await Conn.open(router)
+        await streamed.send(
+            post(orjson.dumps({**fields, "test_mode": "sse", "stream": True}), "/v1/completions")
+        )
+        assert (await streamed.head())[0] == 200
+        assert await _in_flight(conn) == 1
+        streamed.close()
+        await asyncio.wait_for(worker.cancelled.wait(), 10)
+        async with asyncio.timeout(10):
+            while await _in_flight(conn):
+                await asyncio.sleep(0.02)
+        assert door(router).served == 4
     finally:
         conn.close()
+
+
+async def _in_flight(conn: Conn) -> int:
+    """Requests the scheduler counts in flight, asked on ``conn`` (an admin route: lent to aiohttp)."""
+    await conn.send(get("/scheduling/diagnostics"))
+    status, _headers, raw = await conn.reply()
+    assert status == 200
+    diagnostics: Any = orjson.loads(raw)
+    return sum(int(rank["router_in_flight_requests"]) for rank in diagnostics["ranks"])
 
 
 async def test_stop_closes_idle_front_connections(make_worker: WorkerFactory) -> None:
