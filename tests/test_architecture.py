@@ -76,7 +76,8 @@ def test_arrows_point_one_way(package: str) -> None:
 
 # The client edge: what every request crosses before a handler runs. It knows the config and itself only, so
 # no routing, Program or proxy code can weaken a refusal (and the edge can be read on its own).
-EDGE = {"auth.py", "connection.py", "errors.py", "headers.py", "log_hygiene.py"}
+# exchange.py is the shape of a request the edge reads, whichever server carries it (no router code).
+EDGE = {"auth.py", "connection.py", "cors.py", "errors.py", "exchange.py", "headers.py", "log_hygiene.py"}
 
 
 @pytest.mark.parametrize("name", sorted(EDGE))
@@ -103,6 +104,31 @@ EDGE_MIDDLEWARE_IMPORTS = {f"progrouter.server.{name[:-3]}" for name in EDGE} | 
 def test_the_edge_middleware_composes_edge_rules_only() -> None:
     imported = {name for name in _imports(SRC / "server" / "edge.py") if name.startswith("progrouter")}
     assert imported <= EDGE_MIDDLEWARE_IMPORTS, sorted(imported - EDGE_MIDDLEWARE_IMPORTS)
+
+
+# The front door (front.py) serves the hot routes below aiohttp's web layer, through the same edge and the
+# same proxy as aiohttp's server: it calls ``Edge.admit`` and ``proxy_request`` and re-implements no rule.
+# The proxy reads requests as an ``Exchange`` only; aiohttp's request type stays in its adapter, handle_post.
+FRONT_MAY_IMPORT = {
+    "progrouter.config",
+    "progrouter.server.connection",  # the connection guard, the body deadline, aiohttp's protocol
+    "progrouter.server.edge",
+    "progrouter.server.errors",
+    "progrouter.server.exchange",
+    "progrouter.server.proxy",
+    "progrouter.server.request_id",  # the context variable only
+}
+
+
+def test_the_front_door_reuses_the_edge_and_the_proxy() -> None:
+    front = SRC / "server" / "front.py"
+    imported = {name for name in _imports(front) if name.startswith("progrouter")}
+    assert imported <= FRONT_MAY_IMPORT, sorted(imported - FRONT_MAY_IMPORT)
+    text = front.read_text()
+    for used in ("edge.admit(", "proxy_request(", ".decorate(", "body_timed_out("):
+        assert used in text, used
+    proxy = (SRC / "server" / "proxy.py").read_text()
+    assert proxy.count("web.Request") == 1  # handle_post's signature
 
 
 # The worker hop: one module that speaks HTTP/1.1 to workers and knows no router internals; every proxied
