@@ -112,6 +112,7 @@ class FrontRequest:
         "path",
         "path_qs",
         "raw_headers",
+        "streaming",
         "waiter",
     )
 
@@ -128,6 +129,7 @@ class FrontRequest:
         self.missing = length  # body bytes not yet read
         self.parts: list[bytes] = []
         self.waiter: asyncio.Future[None] | None = None  # while the route waits for the body
+        self.streaming = False  # a stream's head is out: no other answer may follow
 
     async def stream(self, status: int, headers: CIMultiDict[str]) -> Stream:
         return self._connection.start_stream(self, status, headers)
@@ -334,7 +336,9 @@ class FrontConnection(asyncio.Protocol):
 
         try:
             answer = await edge.admit(request, lambda: self._read_body(request), route)
-            if isinstance(answer, web.StreamResponse):
+            if request.streaming:
+                keep_alive = keep_alive and answer is not None and not isinstance(answer, web.StreamResponse)
+            elif isinstance(answer, web.StreamResponse):
                 keep_alive = keep_alive and answer.keep_alive is not False
                 await self._send_response(request, answer, rid, keep_alive)
         except asyncio.CancelledError:
@@ -344,7 +348,7 @@ class FrontConnection(asyncio.Protocol):
         except Exception:  # nothing a request does may take the server down
             log.exception("unexpected error while answering %s", request.path)
             keep_alive = False
-            if self._request is request and not self._closed:
+            if self._request is request and not self._closed and not request.streaming:
                 error = json_error(500, "internal router error", close=True)
                 await self._send_response(request, error, rid, False)
         self._finished(request, keep_alive)
@@ -380,6 +384,7 @@ class FrontConnection(asyncio.Protocol):
             headers["Transfer-Encoding"] = "chunked"
             headers.setdefault("Content-Type", "application/octet-stream")
         self._common(headers, request.keep_alive)
+        request.streaming = True
         self._transport.write(_head(status, None, headers))  # type: ignore[union-attr]
         return FrontStream(self, status, empty)
 
@@ -406,6 +411,9 @@ class FrontConnection(asyncio.Protocol):
         if self._request is not request:
             return
         self._task = None
+        if self._closed:  # cut off (a broken stream, a stop): nothing follows
+            self._request = None
+            return
         if not keep_alive or self._door.closing:
             if request.missing and not self._closed:
                 self._linger()
