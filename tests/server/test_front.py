@@ -102,7 +102,7 @@ async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_sa
         conn.close()
 
 
-async def test_pipelined_requests_are_answered_in_order(
+async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_answered_in_order(
     make_worker: WorkerFactory, make_router: RouterFactory
 ) -> None:
     worker = await make_worker()
@@ -115,7 +115,30 @@ async def test_pipelined_requests_are_answered_in_order(
         assert [r[0] for r in replies] == [200, 200, 400, 200]
         assert b"malformed JSON body" in replies[2][2]
         assert orjson.loads(replies[3][2])["path"] == "/v1/completions"
-        assert door(router).served == 3
+        assert door(router).handed_over == 1 and door(router).served == 0
+    finally:
+        conn.close()
+
+
+async def test_requests_sent_while_one_is_answered_wait_their_turn(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    conn = await Conn.open(router)
+    try:
+        await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
+        await asyncio.wait_for(worker.received.wait(), 10)
+        await conn.send(post(path="/v1/completions"))
+        await conn.send(get("/liveness"))
+        await conn.send(post(b'{"model": '))
+        worker.release.set()
+        replies = [await conn.reply() for _ in range(4)]
+        assert [r[0] for r in replies] == [200, 200, 200, 400]
+        assert replies[0][2].endswith(b"data: [DONE]\n\n")
+        assert orjson.loads(replies[1][2])["path"] == "/v1/completions"
+        assert b"malformed JSON body" in replies[3][2]
+        assert (door(router).served, door(router).lent, door(router).handed_over) == (3, 1, 0)
     finally:
         conn.close()
 
@@ -297,8 +320,10 @@ async def _keep_alive_scenario() -> tuple[list[int], int, int]:
     router = await start_router(RouterConfig(worker_urls=[worker.url], host="127.0.0.1", port=0))
     try:
         conn = await Conn.open(router)
-        await conn.send(post() + get("/health") + post())
-        statuses = [(await conn.reply())[0] for _ in range(3)]
+        statuses = []
+        for request in (post(), get("/health"), post()):
+            await conn.send(request)
+            statuses.append((await conn.reply())[0])
         conn.close()
         return statuses, door(router).served, door(router).lent
     finally:

@@ -12,7 +12,8 @@ Anything else (other routes and methods, query strings, chunked or ``Expect: 100
 WebSockets, a head split over reads, anything the parser refuses) is handed over, with the bytes already
 read, to aiohttp's own protocol (``connection.GuardedHandler``) for the rest of the connection: that is the
 rule, "what is not plainly hot goes to the server that handles everything". Hand-over happens only between
-requests: pipelined requests are answered one after another.
+requests; requests pipelined in one read are handed over together (aiohttp parses them together and refuses
+the lot when one is malformed); a request that arrives while another is answered waits its turn.
 
 What the front door keeps of aiohttp's behaviour: a client that disconnects cancels its request (and so the
 worker's); an idle connection closes after ``client_keepalive_timeout_secs``; the body is read within
@@ -228,7 +229,7 @@ class FrontConnection(asyncio.Protocol):
             return
         self._buffer += data
         if request is None:
-            self._next_request()
+            self._next_request(one_read=True)
         elif request.missing:
             self._take_body(request)
         elif len(self._buffer) > PIPELINE_BUFFER and not self._read_paused:
@@ -247,8 +248,9 @@ class FrontConnection(asyncio.Protocol):
             self._drained.set_result(None)
 
     # -------------------------------------------------------------------------------------- requests
-    def _next_request(self) -> None:
-        """Start answering the request at the head of the buffer, or hand the connection over."""
+    def _next_request(self, *, one_read: bool = False) -> None:
+        """Start answering the request at the head of the buffer, or hand the connection over (``one_read``:
+        the buffer is what one read brought)."""
         buffer = self._buffer
         end = buffer.find(b"\r\n\r\n")
         if end < 0:
@@ -261,7 +263,12 @@ class FrontConnection(asyncio.Protocol):
         plain = len(line) == 3 and line[2] == b"HTTP/1.1"
         plain = plain and not any(field in lowered for field in _HANDED_OVER_FIELDS)
         if not plain or line[0] != b"POST" or line[1] not in HOT_TARGETS:
-            if plain and line[0] in _LENT_METHODS and b"\ncontent-length:" not in lowered:
+            if (
+                plain
+                and line[0] in _LENT_METHODS
+                and b"\ncontent-length:" not in lowered
+                and not (one_read and len(buffer) > end)
+            ):
                 self._lend(end)
             else:
                 self._hand_over()
@@ -285,8 +292,10 @@ class FrontConnection(asyncio.Protocol):
             return
         message = messages[0][0]
         length = _content_length(message.headers)
-        if length is None or length > self._door.max_payload:
-            self._hand_over()  # aiohttp refuses it (after the access check, as for any request)
+        if length is None or length > self._door.max_payload or (one_read and len(buffer) > end + length):
+            # aiohttp refuses a bad or oversize length (after the access check, as for any request); and it
+            # takes requests pipelined in one read together, refusing them all when one is malformed.
+            self._hand_over()
             return
         del buffer[:end]
         self._door.served += 1
