@@ -338,3 +338,30 @@ def test_under_uvloop_the_connection_goes_to_aiohttp_and_comes_back() -> None:
     thread.start()
     thread.join(60)
     assert result == [([200, 200, 200], 2, 1)]
+
+
+async def test_a_refusal_before_the_body_is_in_drops_the_rest_and_keeps_or_ends_the_connection(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], client_api_keys=["sesame"])
+    key = "Authorization: Bearer sesame\r\n"
+    conn = await Conn.open(router)
+    try:
+        router.state.draining = True  # the drain's 503 keeps the connection
+        request = post(extra=key)
+        await conn.send(request[:-5])
+        status, headers, _body = await conn.reply()
+        assert status == 503 and headers["retry-after"] == "1" and "connection" not in headers
+        router.state.draining = False
+        await conn.send(request[-5:] + post(extra=key))  # the rest of the refused body, then a new request
+        assert (await conn.reply())[0] == 200
+        assert [r["raw"] for r in worker.requests] == [BODY]
+        await conn.send(post(extra="Authorization: Bearer wrong\r\n")[:-5])  # a bad key ends the connection
+        status, headers, _body = await conn.reply()
+        assert status == 401 and headers["connection"] == "close"
+        await conn.send(BODY[-5:])
+        assert await conn.closed()
+        assert len(worker.requests) == 1
+    finally:
+        conn.close()

@@ -194,7 +194,9 @@ class FrontConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
-        self._lingering = False
+        self._lingering = False  # dropping the rest of a body answered before it was in
+        self._linger_keeps = False
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._closed = False
 
     # -------------------------------------------------------------------------------- transport events
@@ -221,11 +223,8 @@ class FrontConnection(asyncio.Protocol):
         if self._closed:
             return
         request = self._request
-        if self._lingering:  # after an answer that ends the connection: the unread body is read and dropped
-            if request is not None:
-                request.missing -= len(data)
-                if request.missing <= 0:
-                    self.close()
+        if self._lingering and request is not None:
+            self._dropped(request, data)
             return
         self._buffer += data
         if request is None:
@@ -423,28 +422,48 @@ class FrontConnection(asyncio.Protocol):
         if self._closed:  # cut off (a broken stream, a stop): nothing follows
             self._request = None
             return
-        if not keep_alive or self._door.closing:
-            if request.missing and not self._closed:
-                self._linger()
-            else:
-                self._request = None
-                self.close()
+        keep_alive = keep_alive and not self._door.closing
+        if request.missing:  # answered before its body was in (a refusal): the rest is dropped first
+            self._linger(keep_alive)
             return
         self._request = None
+        if keep_alive:
+            self._go_on(one_read=False)
+        else:
+            self.close()
+
+    def _go_on(self, *, one_read: bool) -> None:
         if self._read_paused:
             self._read_paused = False
             self._transport.resume_reading()  # type: ignore[union-attr]
         if self._buffer:
-            self._next_request()
+            self._next_request(one_read=one_read)
         else:
             self._wait_idle()
 
-    def _linger(self) -> None:
-        """Read and drop what the client still sends of an unread body for a while, so it can read the
-        answer, then close (aiohttp's lingering read)."""
+    def _linger(self, keep_alive: bool) -> None:
+        """Read and drop the rest of a body answered before it was in, for up to ``lingering_time`` (aiohttp's
+        lingering read: the client can read the answer); then go on with the connection if it is kept."""
         self._lingering = True
-        self._buffer.clear()
-        self._loop.call_later(self._door.guard.lingering_time, self.close)
+        self._linger_keeps = keep_alive
+        self._linger_timer = self._loop.call_later(self._door.guard.lingering_time, self.close)
+
+    def _dropped(self, request: FrontRequest, data: bytes) -> None:
+        """``data`` read while lingering over ``request``'s unread body."""
+        take = min(len(data), request.missing)
+        request.missing -= take
+        if request.missing:
+            return
+        self._lingering = False
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        self._request = None
+        if not self._linger_keeps:
+            self.close()
+            return
+        self._buffer += data[take:]
+        self._go_on(one_read=True)
 
     def _wait_idle(self) -> None:
         self._idle = self._loop.call_later(self._door.guard.keepalive_timeout, self.close)
