@@ -3,6 +3,7 @@ HTTP/1.1 details both servers must get right (keep-alive, pipelining, uploads, e
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import threading
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 import uvloop
 
 from progrouter.config import RouterConfig
+from progrouter.server.cli import add_arguments, config_from_args
 from progrouter.server.front import FrontDoor
 from progrouter.server.runner import RunningRouter, start_router
 from support.factories import RouterFactory, router_config
@@ -363,5 +365,28 @@ async def test_a_refusal_before_the_body_is_in_drops_the_rest_and_keeps_or_ends_
         await conn.send(BODY[-5:])
         assert await conn.closed()
         assert len(worker.requests) == 1
+    finally:
+        conn.close()
+
+
+def test_the_front_door_is_on_by_default_and_the_flag_turns_it_off() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args([]), {}).front_door is True
+    assert config_from_args(parser.parse_args(["--no-front-door"]), {}).front_door is False
+
+
+async def test_with_the_front_door_off_aiohttp_serves_every_route(
+    make_worker: WorkerFactory, make_router: RouterFactory
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url], front_door=False)
+    assert router.front_door is None
+    conn = await Conn.open(router)
+    try:
+        await conn.send(post())
+        status, headers, _body = await conn.reply()
+        assert status == 200 and headers["x-request-id"].startswith("chatcmpl-")
+        assert [r["raw"] for r in worker.requests] == [BODY]
     finally:
         conn.close()
