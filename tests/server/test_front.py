@@ -11,12 +11,14 @@ from typing import Any
 import orjson
 import pytest
 import uvloop
+from aiohttp import web
 
 from progrouter.config import RouterConfig
 from progrouter.server.cli import add_arguments, config_from_args
 from progrouter.server.front import FrontDoor
 from progrouter.server.runner import RunningRouter, start_router
 from support.factories import RouterFactory, router_config
+from support.loopback import serve_app
 
 from .conftest import WorkerFactory
 from .workers import FakeWorker
@@ -390,3 +392,52 @@ async def test_with_the_front_door_off_aiohttp_serves_every_route(
         assert [r["raw"] for r in worker.requests] == [BODY]
     finally:
         conn.close()
+
+
+async def test_a_large_stream_to_a_client_that_reads_late_arrives_whole(make_router: RouterFactory) -> None:
+    """The router stops reading the worker while the client's socket is full (back-pressure), and the
+    stream arrives byte for byte once the client reads."""
+    chunk = bytes(range(256)) * 256  # 64 KiB
+    chunks = 384  # 24 MiB: more than the sockets' buffers along the way hold
+    written: list[int] = []
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(chunks):
+            await response.write(chunk)
+            written.append(len(chunk))
+        await response.write_eof()
+        return response
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post(CHAT, stream)
+    app.router.add_get("/health", health)
+    runner, url = await serve_app(app)
+    try:
+        router = await make_router([url])
+        conn = await Conn.open(router)
+        try:
+            await conn.send(post())
+            status, _headers = await conn.head()
+            assert status == 200
+            async with asyncio.timeout(30):  # the worker stalls: its writes wait for the client
+                while True:
+                    before = sum(written)
+                    await asyncio.sleep(0.5)
+                    if sum(written) == before:
+                        break
+            assert sum(written) < chunks * len(chunk)
+            body = b""
+            while size := int((await conn.reader.readuntil(b"\r\n")).strip(), 16):
+                body += await conn.reader.readexactly(size)
+                await conn.reader.readexactly(2)
+            assert body == chunk * chunks and sum(written) == len(body)
+        finally:
+            conn.close()
+    finally:
+        await runner.cleanup()
