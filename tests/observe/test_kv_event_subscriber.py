@@ -98,6 +98,11 @@ async def test_the_index_knows_what_the_engine_holds_and_repairs_a_gap_by_replay
     await until(lambda: index.match("e#0", keys) == 3)
     assert registry_value(registry, "progrouter_kv_index_blocks") == index.size() > 0
     assert registry_value(registry, "progrouter_kv_events_lag_seconds", source="e#0") >= 0.0
+    # every applied batch is one observation of the lag histogram, each in a bucket no later than +Inf
+    batches = registry_value(registry, "progrouter_kv_events_batch_lag_seconds_count", source="e#0")
+    assert batches >= 2  # the warm-up's batch and the prompt's
+    inf = registry_value(registry, "progrouter_kv_events_batch_lag_seconds_bucket", source="e#0", le="+Inf")
+    assert inf == batches
     await run.stop()  # batches published now are missed ...
     missed = prompt_of(2, 2)
     await complete(eng.url, missed)

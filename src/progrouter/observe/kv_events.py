@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import zmq
 import zmq.asyncio
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from progrouter.config import RouterConfig, parse_kv_sources
 from progrouter.routing.kv_aware import KvAwarePolicy
@@ -39,6 +39,8 @@ _FIELDS = {
 }
 _MEDIUM_AT = {"BlockStored": 6, "BlockRemoved": 2}
 GPU_MEDIA = (None, "GPU")
+# Batch lag buckets: loopback delivery is sub-millisecond; seconds mean the router's loop fell behind.
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def _as_array(event: Any) -> list[Any]:
@@ -102,11 +104,19 @@ def _device_events(raw_events: list[Any]) -> list[list[Any]]:
 
 
 class KVEventMetrics:
-    """Lag, gaps and index size; the ``source`` label is one configured Rank (bounded)."""
+    """Lag (the last batch's, and every batch's in a histogram), gaps and index size; the ``source`` label is
+    one configured Rank (bounded)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lag = Gauge(
             "progrouter_kv_events_lag_seconds", "Age of the last applied batch", ["source"], registry=registry
+        )
+        self.batch_lag = Histogram(
+            "progrouter_kv_events_batch_lag_seconds",
+            "Age of each applied batch when the index applied it (its publish time to now)",
+            ["source"],
+            buckets=LAG_BUCKETS,
+            registry=registry,
         )
         self.gaps = Counter(
             "progrouter_kv_events_gaps_total", "Sequence gaps seen", ["source", "outcome"], registry=registry
@@ -165,7 +175,9 @@ class KVEventSubscriber:
         now = time.time()
         applied = self.index.apply(self.source, seq, ts, events, now)
         if applied is Applied.OK:
-            self.metrics.lag.labels(self.source).set(self.index.rank(self.source).lag_seconds)
+            lag = self.index.rank(self.source).lag_seconds
+            self.metrics.lag.labels(self.source).set(lag)
+            self.metrics.batch_lag.labels(self.source).observe(lag)
             self.metrics.blocks.set(self.index.size())
         return applied
 
