@@ -13,7 +13,12 @@ Extra ``kv_aware`` variants: ``--variant NAME=JSON`` with ``KvAwareSettings`` fi
 the live router knows: ``pending_seconds`` (how long a routed prefix counts as resident before it is
 announced), ``stale_seconds`` (the residency read is a copy up to that old: an event stream that far behind),
 ``unknown_until_stored`` (a Rank that has published nothing yet is unknown, so requests go cache_aware's way
-until every candidate was heard, as live at start-up).
+until every candidate was heard, as live at start-up), ``delay_seconds`` (a request reaches its Rank that long
+after the decision: the client-to-engine latency of a live run, in modelled seconds).
+
+``--turnaround SECONDS`` adds that much to the gap before every follow-up request of a Program, for every
+placement: a live replay's client reads an answer and sends the next request later than the trace says (on a
+loaded machine, times the bench's time scale).
 
     .venv/bin/python bench/kv_placement_bound.py --trace demo.trace.jsonl --num-blocks 2000 [--rounds 2]
 """
@@ -43,7 +48,7 @@ from progrouter.sim.requests import SimRequest
 from progrouter.sim.routers import NativeRouter, session_headers
 from progrouter.sim.simulation import Simulation
 from progrouter.workload import trace as trace_mod
-from progrouter.workload.trace import Trace
+from progrouter.workload.trace import Trace, TraceProgram
 
 
 class PoolView:
@@ -118,14 +123,25 @@ class SimKvAware(KvAwarePolicy):
 
 
 class BodyRouter(NativeRouter):
-    """``NativeRouter`` handing the policy the simulated request (as ``body["sim"]``)."""
+    """``NativeRouter`` handing the policy the simulated request (as ``body["sim"]``); with ``delay`` > 0
+    the request reaches its Rank that long after the decision (in flight from the decision on, as live)."""
+
+    def __init__(self, policy: RoutingPolicy, sim: Simulation, delay: float = 0.0) -> None:
+        router = sim.router
+        assert isinstance(router, NativeRouter)
+        super().__init__(policy, router.targets, router._dispatch)
+        self._clock = sim.clock
+        self._delay = delay
 
     def submit(self, now: float, request: SimRequest) -> None:
         target = self.policy.select(
             self.targets, RoutingRequest(session_headers(request), {"sim": request}, b"")
         )
         self.policy.on_start(target)
-        self._dispatch(request, target)
+        if self._delay > 0:
+            self._clock.at(now + self._delay, lambda r: self._dispatch(r, target), request)
+        else:
+            self._dispatch(request, target)
 
 
 class Sticky(RoutingPolicy):
@@ -145,14 +161,14 @@ class Outcome:
     wall: float
 
 
-def run(trace: Trace, fleet: FleetSpec, tasks: int, make: Any = None, unbounded: bool = False) -> Outcome:
+def run(
+    trace: Trace, fleet: FleetSpec, tasks: int, make: Any = None, unbounded: bool = False, delay: float = 0.0
+) -> Outcome:
     """One simulated arm: ``make(sim)`` builds its policy (None: native consistent hashing)."""
     started = time.perf_counter()
     sim = Simulation(trace, fleet, SimArm("placement", unbounded_kv=unbounded), max_concurrent_tasks=tasks)
     if make is not None:
-        router = sim.router
-        assert isinstance(router, NativeRouter)
-        sim.router = BodyRouter(make(sim), router.targets, router._dispatch)
+        sim.router = BodyRouter(make(sim), sim, delay)
     result = sim.run()
     fig = result.figures
     ranks = fig["ranks"]
@@ -185,6 +201,19 @@ def best_sticky(trace: Trace, fleet: FleetSpec, tasks: int, rounds: int, seed: i
     return outcome, tried
 
 
+def with_turnaround(trace: Trace, seconds: float) -> Trace:
+    """``trace`` with ``seconds`` more before every request but the first of each Program."""
+    if seconds <= 0:
+        return trace
+
+    def later(program: TraceProgram) -> TraceProgram:
+        first, *rest = program.requests
+        return replace(program, requests=(first, *(replace(r, gap=r.gap + seconds) for r in rest)))
+
+    tasks = tuple(replace(t, programs=tuple(later(p) for p in t.programs)) for t in trace.tasks)
+    return replace(trace, tasks=tasks, meta={**trace.meta, "turnaround_seconds": seconds})
+
+
 def show(name: str, o: Outcome, note: str = "") -> None:
     share = "/".join(f"{s:.0%}" for s in o.share)
     print(f"  {name:30} hit {o.hit:6.1%}  JCT mean {o.jct_mean:6.0f} s  prompt tokens {share:9} {note}")
@@ -202,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="hill-climbing passes over the tasks (0: none)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--turnaround", type=float, default=0.0, help="seconds more before every follow-up")
     args = parser.parse_args(argv)
-    trace = trace_mod.load(args.trace)
+    trace = with_turnaround(trace_mod.load(args.trace), args.turnaround)
     fleet = FleetSpec(
         ranks=args.ranks,
         num_blocks=args.num_blocks,
@@ -212,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=min(32768, args.num_blocks * args.block_size),
     )
     tasks = args.max_concurrent_tasks
-    print(f"{args.trace}: {trace.num_requests} requests, {args.ranks} Ranks × {args.num_blocks} blocks")
+    print(
+        f"{args.trace}: {trace.num_requests} requests, {args.ranks} Ranks × {args.num_blocks} blocks"
+        + (f", turnaround +{args.turnaround:g} s" if args.turnaround > 0 else "")
+    )
     show("native", run(trace, fleet, tasks))
     settings = KvAwareSettings(block_size=args.block_size)
     show("kv_aware (exact residency)", run(trace, fleet, tasks, lambda sim: SimKvAware(sim, settings)))
@@ -222,13 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         pending = extra.pop("pending_seconds", PENDING_SECONDS)
         stale = extra.pop("stale_seconds", 0.0)
         unheard = extra.pop("unknown_until_stored", False)
+        delay = extra.pop("delay_seconds", 0.0)
         variant = replace(settings, **extra)
 
         def make(sim: Simulation, v: KvAwareSettings = variant, p: float = pending, s: float = stale,
                  u: bool = unheard) -> SimKvAware:  # fmt: skip
             return SimKvAware(sim, v, p, s, u)
 
-        show(f"kv_aware {name}", run(trace, fleet, tasks, make))
+        show(f"kv_aware {name}", run(trace, fleet, tasks, make, delay=delay))
     if args.rounds:
         outcome, tried = best_sticky(trace, fleet, tasks, args.rounds, args.seed)
         show("sticky_best", outcome, f"({tried} assignments tried)")
