@@ -18,15 +18,18 @@ EPS = 1e-3
 
 async def test_closed_loop_order_gaps_and_blocking() -> None:
     trace = tree_trace(2)
-    released = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    # one release per task: a task whose lead got ahead must not release the other task's subagent
+    released = {t.task_id: loop.create_future() for t in trace.tasks}
 
     def hold(s: Seen) -> asyncio.Future[None] | None:
-        # The non-blocking subagent is held until the lead's last request has arrived: if the replay
+        # The non-blocking subagent is held until its lead's last request has arrived: if the replay
         # wrongly waited for it, nothing would release it and the replay would time out.
-        if s.program_id.endswith(":lead") and s.step == 2 and not released.done():
-            released.set_result(None)
+        task_id = s.program_id.split(":", 1)[0]
+        if s.program_id.endswith(":lead") and s.step == 2 and not released[task_id].done():
+            released[task_id].set_result(None)
         if s.program_id.endswith(":sub-f"):
-            return asyncio.ensure_future(asyncio.wait_for(asyncio.shield(released), 20))
+            return asyncio.ensure_future(asyncio.wait_for(asyncio.shield(released[task_id]), 20))
         return None
 
     async with running(FakeEngine(hold=hold, delay=0.005)) as fake:
