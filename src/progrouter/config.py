@@ -55,7 +55,6 @@ class CrossRankGate(StrEnum):
 class StatsWarmup(StrEnum):
     SPEC = "spec"  # a Rank's TTL and cross-Rank moves wait for its own windows to be complete
     POOL = "pool"  # until then, every Rank's samples together stand in once they fill one window
-    POOL_TTL = "pool_ttl"  # the same for the acting TTL only; cross-Rank moves wait as in the spec
 
 
 class BindingStrategy(StrEnum):

@@ -109,15 +109,6 @@ def test_cross_rank_maturity_borrows_the_pool_only_when_switched_on() -> None:
     assert [request_stats_mature(pooled, t) for t in ("a", "b", "c", "z")] == [True, True, True, False]  # type: ignore[arg-type]
     short = with_requests({"a": 2, "b": WINDOW - 3}, stats_warmup="pool")
     assert not request_stats_mature(short, "a")  # type: ignore[arg-type]
-    ttl_only = with_requests(counts, stats_warmup="pool_ttl")  # borrows for the TTL only
-    assert [request_stats_mature(ttl_only, t) for t in ("a", "b", "c", "z")] == [False, False, True, False]  # type: ignore[arg-type]
-
-
-def test_pool_ttl_borrows_the_ttl_fit_like_pool() -> None:
-    split = {"a": gaps(3, 1), "b": gaps(WINDOW - 3, 2)}
-    pooled = continuity_fit(core_with(split, stats_warmup="pool"), "a")  # type: ignore[arg-type]
-    ttl_only = continuity_fit(core_with(split, stats_warmup="pool_ttl"), "a")  # type: ignore[arg-type]
-    assert pooled is not None and ttl_only == pooled
 
 
 def test_the_config_names_the_switch() -> None:

@@ -14,9 +14,7 @@ agents. With ``"pool"`` a Rank whose own window is incomplete borrows every Rank
 they number ``stats_window_size``: the TTL fits their intervals (the spec's log-normal, pooled exactly from
 the Ranks' fits: sample counts, means and second moments, one pass over the Ranks), and the cross-Rank pass
 counts the Rank as mature. A Rank with complete windows uses its own, as in the spec; the growth reserve,
-target rounds and force-resume deadlines keep the spec's per-Rank warm-up. ``"pool_ttl"`` borrows for the
-acting TTL only: the cross-Rank pass still waits for the Rank's own request window (early moves were what
-cost ``"pool"`` on the 8B profile).
+target rounds and force-resume deadlines keep the spec's per-Rank warm-up.
 """
 
 from __future__ import annotations
@@ -54,12 +52,12 @@ def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
 
 def continuity_fit(core: Pausing, target_id: str) -> LogNormalFit | None:
     """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0: the Rank's own
-    once its window is complete; before that, under ``"pool"`` or ``"pool_ttl"``, every Rank's samples
-    together once they number ``stats_window_size``."""
+    once its window is complete; before that, under ``"pool"``, every Rank's samples together once they
+    number ``stats_window_size``."""
     factors: RankFactors | None = core.factors.get(target_id)
     if factors is not None and factors.continuity_window_complete():
         return factors.log_normal_fit()
-    if core.config.stats_warmup is StatsWarmup.SPEC:
+    if core.config.stats_warmup is not StatsWarmup.POOL:
         return None
     every = core.factors.values()
     if sum(f.continuity_sample_count for f in every) < core.config.stats_window_size:
