@@ -4,11 +4,8 @@ shape) then start every session on that Rank, and nothing but the names changes.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -18,6 +15,7 @@ from progrouter.sim.arms import standard_arm
 from progrouter.sim.simulation import Simulation
 from progrouter.workload.trace import Trace, TraceProgram
 
+from .bench_modules import bench_module
 from .test_improvements import BLOCK, FLEET, PROFILE, agent
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,12 +25,7 @@ FOUR = replace(FLEET, ranks=4)
 
 @pytest.fixture(scope="module")
 def even() -> ModuleType:
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        return importlib.import_module("even_placement")
-    finally:
-        sys.path.remove(bench)
+    return bench_module("even_placement")
 
 
 def with_subagent(trace: Trace) -> Trace:

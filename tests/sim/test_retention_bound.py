@@ -4,9 +4,6 @@ knapsack that knows every gap (it can copy the TTL rule's hits for no more KV th
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -14,17 +11,14 @@ import pytest
 
 from progrouter.engine.profiles import load_profile
 
+from .bench_modules import bench_module
+
 MODEL = load_profile("h200-llama-8b").prefill_cost_model
 
 
 @pytest.fixture(scope="module")
 def rb() -> ModuleType:
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        return importlib.import_module("retention_bound")
-    finally:
-        sys.path.remove(bench)
+    return bench_module("retention_bound")
 
 
 def turns(rb: ModuleType) -> object:
