@@ -122,8 +122,9 @@ class TTLBound(Bound):
     Each request's context is held for a TTL ``τ`` chosen from its size: it costs ``C · min(g, τ)`` and hits
     only when ``g ≤ τ``. For a price ``λ`` per KV-token-second every request takes the ``τ`` with the best
     expected saving, ``prefill(C) · P(g ≤ τ) − λ · C · E[min(g, τ)]`` (the gaps' empirical distribution), and
-    ``λ`` is bisected until the expected cost fits the budget: the best TTL rule of this kind (any TTL a
-    real scheduler arms, the spec's fitted one or the weighed one, is such a rule or worse)."""
+    ``λ`` is bisected until the expected cost fits the budget: the best TTL rule of this kind. The agentic
+    generator draws each tool call independently, so whatever lets a context go without knowing when its
+    agent returns (the spec's fitted TTL, the weighed TTL, vLLM's LRU) is such a rule or a mixture."""
 
     def __init__(self, t: Turns, agents: float, capacity: float, model: PrefillCostModel) -> None:
         super().__init__(t, agents, capacity, model)
