@@ -437,6 +437,7 @@ def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, na
                     (r["request_seconds"]["mean"] or 0.0) / (n["request_seconds"]["mean"] or 1.0)
                     for r, n in zip(rows, native or rows, strict=True)
                 ],
+                "per_seed_token_hit": [r["token_hit"] for r in rows],
                 "requests_completed": statistics.fmean(r["requests_completed"] for r in rows),
                 "session_jct_mean": statistics.fmean(jcts) if jcts else None,
                 "prefill_gpu_seconds_saved": statistics.fmean(r["prefill_gpu_seconds_saved"] for r in rows),

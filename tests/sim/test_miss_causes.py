@@ -4,9 +4,6 @@ native routing pauses nobody (losses: evicted while the Program was between turn
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -16,6 +13,7 @@ from progrouter.sim.arms import standard_arm, variant_arm
 from progrouter.sim.simulation import Simulation
 from progrouter.workload.trace import Trace
 
+from .bench_modules import bench_module
 from .test_improvements import BLOCK, FLEET, PROFILE, agent
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,12 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def miss_causes() -> ModuleType:
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        return importlib.import_module("miss_causes")
-    finally:
-        sys.path.remove(bench)
+    return bench_module("miss_causes")
 
 
 def follow(miss_causes: ModuleType, program: bool) -> dict[str, object]:
