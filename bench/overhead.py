@@ -8,8 +8,14 @@ router's process-tree CPU time (user+system, from /proc) over the requests it pr
 machine says little, CPU time says what the router costs. The upstream wheel is measured when
 ``.venv-upstream/bin/vllm-router`` exists (``make upstream``). The "aiohttp floor" row is the trivial worker's
 own CPU per request under the same loads (an aiohttp server with one handler and no proxying): what any
-router served by aiohttp spends before doing anything. ``--profile`` runs progrouter under cProfile and
-prints its top functions by own time.
+router served by aiohttp spends before doing anything.
+
+``--profile`` then runs progrouter once more with a sampling profiler on CPU time (``CpuSampler``), switched
+on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: the own CPU
+per request by component (a progrouter module, aiohttp, prometheus_client …) and the top functions by
+cumulative CPU per request: each function's share of the samples times the CPU per request measured from
+/proc over the same segment. Samples come one per kernel tick of CPU (4 ms here), so use ``--requests``
+≥ 1500 for shares good to a percent or two.
 
     .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
 """
@@ -18,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
 import json
 import os
-import pstats
 import signal
 import statistics
 import subprocess
@@ -30,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import aiohttp
 from aiohttp import web
@@ -79,21 +84,58 @@ def serve_worker(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
+Frame = tuple[str, int, str]  # file, first line, qualified name
+
+
+class CpuSampler:
+    """A statistical profiler on CPU time: SIGPROF fires per slice of process CPU (user + system, a kernel
+    tick here, 4 ms) and the handler counts the Python stack it interrupts. Time in C code — a system call,
+    the event loop's own work — is charged to the Python function that runs next, as the handler runs there.
+    (cProfile would not do: with a CPU clock every call pays a ~4 µs system call, and with a wall clock a
+    loaded machine's preemptions land on whichever call is running.)"""
+
+    def __init__(self) -> None:
+        self.stacks: dict[tuple[Frame, ...], int] = {}
+
+    def start(self) -> None:
+        signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, 0.001, 0.001)
+
+    def stop(self, path: str) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        with open(f"{path}.tmp", "w") as out:
+            json.dump([[list(stack), count] for stack, count in self.stacks.items()], out)
+        os.replace(f"{path}.tmp", path)  # whole when the bench sees it
+        self.stacks = {}
+
+    def _sample(self, _signum: int, frame: FrameType | None) -> None:
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append((code.co_filename, code.co_firstlineno, code.co_qualname))
+            frame = frame.f_back
+        key = tuple(stack)
+        self.stacks[key] = self.stacks.get(key, 0) + 1
+
+
 def serve_profiled(out: str, argv: list[str]) -> None:
-    """progrouter's CLI under cProfile; SIGTERM ends it through SystemExit so the profile is written."""
+    """progrouter's CLI with a ``CpuSampler`` switched by SIGUSR1: the first signal starts a segment, the
+    next one writes it to ``<out>.<n>`` (n = 0, 1, …), so each load is profiled alone, without warm-up."""
     from progrouter.cli import main as cli_main
 
-    def _stop(_signum: int, _frame: object) -> None:
-        raise SystemExit(0)
+    sampler = CpuSampler()
+    segments = 0
 
-    signal.signal(signal.SIGTERM, _stop)
-    profiler = cProfile.Profile(time.process_time)  # CPU time: a loaded machine's waits are not the router's
-    try:
-        profiler.runcall(cli_main, argv)
-    except (SystemExit, KeyboardInterrupt):
-        pass
-    finally:
-        profiler.dump_stats(out)
+    def _toggle(_signum: int, _frame: object) -> None:
+        nonlocal segments
+        if segments % 2 == 0:
+            sampler.start()
+        else:
+            sampler.stop(f"{out}.{segments // 2}")
+        segments += 1
+
+    signal.signal(signal.SIGUSR1, _toggle)
+    cli_main(argv)
 
 
 @dataclass
@@ -128,6 +170,15 @@ async def _load(session: aiohttp.ClientSession, url: str, load: str, requests: i
 
 
 @dataclass
+class Segment:
+    """One load's profile: the samples' file, the requests it covers, the process CPU per request."""
+
+    path: str
+    requests: int
+    cpu_us: float  # per request, from /proc, the sampler's own cost included
+
+
+@dataclass
 class Row:
     """One router and one load: CPU per request, added p50 at concurrency 1, req/s at concurrency 32."""
 
@@ -155,8 +206,9 @@ def _router_argv(router: str, worker_port: int, port: int) -> list[str]:
 
 async def measure(
     router: str, worker_port: int, requests: int, profile: str | None
-) -> tuple[list[Row], dict[str, Cell]]:
-    """Start ``router``, run both loads through it (and straight to the worker), return its rows."""
+) -> tuple[list[Row], dict[str, Cell], dict[str, Segment]]:
+    """Start ``router``, run both loads through it (and straight to the worker), return its rows; with
+    ``profile`` (a path prefix) progrouter runs sampled, one segment per load's measured part."""
     port = _free_port()
     argv = _router_argv(router, worker_port, port)
     if router == "upstream":
@@ -168,12 +220,16 @@ async def measure(
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL)
     direct = f"http://127.0.0.1:{worker_port}/v1/chat/completions"
     routed = f"http://127.0.0.1:{port}/v1/chat/completions"
-    rows, directs = [], {}
+    rows: list[Row] = []
+    directs: dict[str, Cell] = {}
+    segments: dict[str, Segment] = {}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
             await _wait_ready(session, f"http://127.0.0.1:{port}/liveness")
             for load in LOADS:
                 await _load(session, routed, load, min(500, requests), 1)  # warm-up
+                if profile is not None:
+                    proc.send_signal(signal.SIGUSR1)  # start this load's segment
                 cpu0 = _tree_cpu(proc.pid)
                 one = await _load(session, routed, load, requests, 1)
                 many = await _load(session, routed, load, requests, 32)
@@ -181,6 +237,11 @@ async def measure(
                 per_request = [
                     (after - before) / (2 * requests) * 1e6 for after, before in zip(cpu1, cpu0, strict=True)
                 ]
+                if profile is not None:
+                    proc.send_signal(signal.SIGUSR1)  # end it: the router writes <profile>.<n>
+                    path = f"{profile}.{len(segments)}"
+                    await _wait_for_file(path)
+                    segments[load] = Segment(path, 2 * requests, sum(per_request))
                 directs[load] = await _load(session, direct, load, requests, 1)
                 rows.append(
                     Row(
@@ -195,7 +256,15 @@ async def measure(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    return rows, directs
+    return rows, directs, segments
+
+
+async def _wait_for_file(path: str) -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the profiled router did not write {path}")
+        await asyncio.sleep(0.05)
 
 
 async def measure_floor(worker_pid: int, worker_port: int, requests: int) -> list[Row]:
@@ -215,11 +284,58 @@ async def measure_floor(worker_pid: int, worker_port: int, requests: int) -> lis
     return rows
 
 
-def print_profile(path: str, top: int) -> None:
-    print(f"\nprogrouter under cProfile, top {top} by own time (tottime):")
-    pstats.Stats(path).strip_dirs().sort_stats("tottime").print_stats(top)
-    print(f"progrouter's own functions, top {top} by cumulative time:")
-    pstats.Stats(path).sort_stats("cumulative").print_stats("progrouter/", top)
+def component(filename: str) -> str:
+    """What a profiled function belongs to: a progrouter module, a third-party package or the stdlib."""
+    if "/progrouter/" in filename:
+        return filename.rsplit("/progrouter/", 1)[1].removesuffix(".py")
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1].split("/", 1)[0]
+    if filename == "<string>":
+        return "dataclass __init__"
+    if "/asyncio/" in filename:
+        return "asyncio"
+    return "stdlib"
+
+
+def breakdown(segment: Segment, top: int) -> list[str]:
+    """Lines: own CPU per request by component, then the top functions by cumulative CPU per request (each
+    sample's share of the segment's measured process CPU)."""
+    with open(segment.path) as f:
+        stacks: list[tuple[list[Frame], int]] = [([tuple(fr) for fr in st], n) for st, n in json.load(f)]
+    samples = sum(count for _, count in stacks)
+    if samples == 0:
+        return ["  (no samples: too few requests)"]
+    us_per_sample = segment.cpu_us / samples
+    own: dict[str, int] = {}
+    inclusive: dict[Frame, int] = {}
+    for stack, count in stacks:
+        name = component(stack[0][0])
+        own[name] = own.get(name, 0) + count
+        for frame in set(stack):
+            inclusive[frame] = inclusive.get(frame, 0) + count
+    lines = [
+        f"  {samples} samples of CPU time; {segment.cpu_us:,.0f} µs/request with the sampler on",
+        f"  {'own CPU by component':<44} {'µs/req':>8} {'share':>6}",
+    ]
+    for name, count in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {name:<44} {count * us_per_sample:>8.1f} {count / samples:>6.1%}")
+    lines.append(f"  {'top functions by cumulative CPU':<70} {'µs/req':>8} {'share':>6}")
+    ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])
+    shown = [(frame, count) for frame, count in ranked if count < samples][:top]  # not the loop's runner
+    for (filename, line, name), count in shown:
+        label = f"{name} ({component(filename)}:{line})"
+        lines.append(f"  {label[:70]:<70} {count * us_per_sample:>8.1f} {count / samples:>6.1%}")
+    return lines
+
+
+def print_breakdowns(segments: dict[str, Segment], rows: list[Row], top: int) -> None:
+    """Per load: progrouter's profile beside the unprofiled CPU of both routers in this run."""
+    for load, segment in segments.items():
+        measured = ", ".join(
+            f"{r.router} {r.cpu_us:,.0f}" for r in rows if r.load == load and r.router != FLOOR
+        )
+        print(f"\nprogrouter, {load} load, {segment.requests} requests (unprofiled µs/req here: {measured})")
+        print("\n".join(breakdown(segment, top)))
 
 
 def summarize(runs: list[list[Row]]) -> None:
@@ -259,31 +375,31 @@ async def bench(requests: int, repeat: int, profile: str | None) -> None:
     worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
     routers = ["progrouter", *(["upstream"] if UPSTREAM.exists() else [])]
     runs: list[list[Row]] = []
-    try:
-        async with aiohttp.ClientSession() as session:
-            await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
-        if profile is not None:
-            with tempfile.TemporaryDirectory() as tmp:
+    segments: dict[str, Segment] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            async with aiohttp.ClientSession() as session:
+                await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
+            for _ in range(repeat):
+                run: list[Row] = []
+                for router in routers:
+                    run.extend((await measure(router, worker_port, requests, None))[0])
+                run.extend(await measure_floor(worker.pid, worker_port, requests))
+                runs.append(run)
+            if profile is not None:
                 out = profile or os.path.join(tmp, "router.prof")
-                await measure("progrouter", worker_port, requests, out)
-                print_profile(out, 30)
-            return
-        for _ in range(repeat):
-            run: list[Row] = []
-            for router in routers:
-                run.extend((await measure(router, worker_port, requests, None))[0])
-            run.extend(await measure_floor(worker.pid, worker_port, requests))
-            runs.append(run)
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-    print(
-        f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per cell,"
-        f" {repeat} runs, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
-    )
-    if not UPSTREAM.exists():
-        print("(upstream not measured: `make upstream` installs .venv-upstream)")
-    summarize(runs)
+                segments = (await measure("progrouter", worker_port, requests, out))[2]
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+        print(
+            f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per"
+            f" cell, {repeat} runs, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        )
+        if not UPSTREAM.exists():
+            print("(upstream not measured: `make upstream` installs .venv-upstream)")
+        summarize(runs)
+        print_breakdowns(segments, runs[-1], 25)
 
 
 def main() -> int:
@@ -296,7 +412,8 @@ def main() -> int:
         const="",
         default=None,
         metavar="OUT",
-        help="progrouter under cProfile (CPU time); print its top functions, keep the stats in OUT if given",
+        help="after the table, progrouter again under a CPU sampler, one profile per load: print where"
+        " its CPU per request goes; keep the samples as OUT.0 (plain), OUT.1 (Program) if given",
     )
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-profiled", default=None, help=argparse.SUPPRESS)

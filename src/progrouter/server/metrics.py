@@ -14,7 +14,6 @@ are an allow-list, the rest are enums. A registry per app lets several routers s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -163,8 +162,7 @@ class RouterMetrics:
         found = self._targets.get(target_id)
         if found is None:
             found = self._targets[target_id] = TargetSeries(
-                self.running_requests.labels(target_id),
-                self.worker_load.labels(target_id),
+                (self.running_requests.labels(target_id), self.worker_load.labels(target_id)),
                 self.processed_requests.labels(target_id),
                 self.cb_outcomes.labels(target_id, "success"),
                 self.cb_outcomes.labels(target_id, "failure"),
@@ -196,12 +194,38 @@ class RouterMetrics:
             histogram.observe(seconds)
 
 
-@dataclass(frozen=True, slots=True)
 class TargetSeries:
-    """One target's per-attempt series (``labels()`` is the slow part of a hot-path update)."""
+    """One target's per-attempt series, bound once (``labels()`` is the slow part of a hot-path update).
 
-    running: Gauge
-    load: Gauge
-    processed: Counter
-    cb_success: Counter
-    cb_failure: Counter
+    ``running_requests`` and ``worker_load`` both count the attempts in flight on the target: one integer,
+    read by both gauges when scraped, instead of two locked gauge updates each way on every attempt."""
+
+    __slots__ = ("cb_failure", "cb_success", "in_flight", "processed")
+
+    def __init__(
+        self,
+        in_flight_gauges: tuple[Gauge, ...],
+        processed: Counter,
+        cb_success: Counter,
+        cb_failure: Counter,
+    ) -> None:
+        self.in_flight = 0
+        self.processed = processed
+        self.cb_success = cb_success
+        self.cb_failure = cb_failure
+        for gauge in in_flight_gauges:
+            gauge.set_function(self._in_flight)
+
+    def _in_flight(self) -> int:
+        return self.in_flight
+
+    def started(self) -> None:
+        """An attempt goes to the target."""
+        self.processed.inc()
+        self.in_flight += 1
+
+    def finished(self, worker_ok: bool | None) -> None:
+        """The attempt is over; ``worker_ok`` is what the circuit breaker hears (None: nothing to hear)."""
+        self.in_flight -= 1
+        if worker_ok is not None:
+            (self.cb_success if worker_ok else self.cb_failure).inc()

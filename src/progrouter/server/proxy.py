@@ -406,10 +406,8 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> Answer:
         relayed: _Relayed | None = None
         worker_ok: bool | None = None
         series = metrics.target(target.id)
-        series.processed.inc()
+        series.started()
         state.policy.on_start(target)
-        series.running.inc()
-        series.load.inc()
         try:
             relayed = await _forward(call, target, ticket, may_retry=not final)
             worker_ok = relayed.worker_ok
@@ -426,11 +424,9 @@ async def _relay(call: _Call, chooser: _Native | _Program) -> Answer:
         finally:
             if ticket is not None:
                 ticket.finish(relayed is not None and relayed.success)
-            series.running.dec()
-            series.load.dec()
+            series.finished(worker_ok)
             state.policy.on_finish(target)
             if worker_ok is not None:
-                (series.cb_success if worker_ok else series.cb_failure).inc()
                 proxy.breakers.record(target.id, worker_ok, time.monotonic())
     assert last is not None
     if isinstance(last, Refused):
