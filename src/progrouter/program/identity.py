@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 
 from progrouter.config import EnableKey
 from progrouter.program.types import InvalidIdentity, ProgramIdentity, RequestHints
-from progrouter.routing.hash_key import native_hash_key
+from progrouter.routing.hash_key import is_mapping, native_hash_key
 
 MAX_IDENTITY_COMPONENT_BYTES = 256
 MAX_PLACEMENT_HASH_KEY_BYTES = 512
@@ -78,6 +78,9 @@ class _FrameworkHeaders:
     parent_agent: str | None = None
 
 
+_NO_FRAMEWORK = _FrameworkHeaders()
+
+
 def extract_identity(
     body: Mapping[str, Any] | None,
     headers: Mapping[str, str],
@@ -94,7 +97,7 @@ def extract_identity(
     """
     if type(enable_key) is not EnableKey:
         enable_key = EnableKey(enable_key)
-    request = body if _is_mapping(body) else None
+    request = body if is_mapping(body) else None
     canonical = _canonical_context(request)
     if canonical is None and enable_key is not EnableKey.AUTO:
         return None  # the native path, decided before any header is looked at
@@ -117,11 +120,8 @@ def extract_identity(
     if resolved is None:
         return None
     identity, hints = resolved
-    _check_bounds(
+    _check_bounds(  # the model pool, program id and placement key were checked as the identity was built
         (
-            ("model_pool", model_pool),
-            ("program_id", identity.program_id),
-            ("placement_key", identity.placement_key),
             ("task_id", identity.task_id),
             ("session_id", identity.session_id),
             ("agent_id", identity.agent_id),
@@ -145,7 +145,7 @@ def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] |
     xargs = request.get("vllm_xargs")
     if xargs is None:
         return None
-    if not _is_mapping(xargs):
+    if not is_mapping(xargs):
         raise InvalidIdentity("vllm_xargs must be an object")
     raw = xargs.get("agentic_context")
     if raw is None:
@@ -159,7 +159,7 @@ def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] |
             raw = orjson.loads(encoded)
         except orjson.JSONDecodeError:
             raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
-    if not _is_mapping(raw):
+    if not is_mapping(raw):
         raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
     return raw
 
@@ -246,7 +246,7 @@ def _agent_hint_identity(
     raw = request.get("agent_hint") if request is not None else None
     if raw is None:
         return None
-    if not _is_mapping(raw):
+    if not is_mapping(raw):
         raise InvalidIdentity("agent_hint must be an object")
     session_id = _string(raw, "session_id")
     if session_id is None:
@@ -333,6 +333,8 @@ def _header_value(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def _framework_headers(headers: Mapping[str, str]) -> _FrameworkHeaders:
+    if not headers:  # the usual request: no framework header at all
+        return _NO_FRAMEWORK
     for schema in HEADER_SCHEMAS:
         session = _header_value(headers, schema.session)
         if session is None:
@@ -340,7 +342,7 @@ def _framework_headers(headers: Mapping[str, str]) -> _FrameworkHeaders:
         agent = _header_value(headers, schema.agent) if schema.agent else None
         parent = _header_value(headers, schema.parent) if schema.parent else None
         return _FrameworkHeaders(schema.name, session, agent, parent)
-    return _FrameworkHeaders()
+    return _NO_FRAMEWORK
 
 
 def _placement_hash_key(
@@ -350,7 +352,7 @@ def _placement_hash_key(
     raw_body: bytes | None,
 ) -> str:
     """Framework session header first, else the native consistent-hash key, so both paths agree."""
-    for name in _PLACEMENT_SESSION_HEADERS:
+    for name in _PLACEMENT_SESSION_HEADERS if lowered else ():
         try:
             value = _header_value(lowered, name)
         except InvalidIdentity:
@@ -473,8 +475,3 @@ def _check_bounds(fields: Sequence[tuple[str, str | None]]) -> None:
 def _too_long(value: str, limit: int) -> bool:
     """More than ``limit`` bytes in UTF-8 (encoded only when it could be: a character is at most 4 bytes)."""
     return len(value) * 4 > limit and len(value.encode()) > limit
-
-
-def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
-    """``isinstance(value, Mapping)``, with the parsed-JSON case (a dict) first: the ABC check is slow."""
-    return type(value) is dict or isinstance(value, Mapping)

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from progrouter.program.types import UsageObservation
+from progrouter.routing.hash_key import is_mapping
 
 MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024
 _USAGE_MARKER = b'"usage"'
@@ -27,8 +28,8 @@ _CACHE_READ_KEYS = ("cache_read_input_tokens", "cached_input_tokens", "cached_to
 
 def _count(value: Any) -> int | None:
     """A token count: a non-negative JSON integer (bools and floats are not counts)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+    if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):  # exact int first
+        return value if value >= 0 else None
     return None
 
 
@@ -42,7 +43,7 @@ def _first_count(usage: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
 
 def _nested_count(usage: Mapping[str, Any], outer: str, inner: str) -> int | None:
     details = usage.get(outer)
-    return _count(details.get(inner)) if isinstance(details, Mapping) else None
+    return _count(details.get(inner)) if is_mapping(details) else None
 
 
 def usage_from_object(usage: Mapping[str, Any]) -> UsageObservation:
@@ -65,7 +66,7 @@ def usage_from_object(usage: Mapping[str, Any]) -> UsageObservation:
 
 def merge_usage_from_value(into: UsageObservation, value: Any) -> None:
     """Merge every usage object a decoded response or event carries into ``into``."""
-    if not isinstance(value, Mapping):
+    if not is_mapping(value):
         return
     candidates = (
         value.get("usage"),
@@ -73,13 +74,13 @@ def merge_usage_from_value(into: UsageObservation, value: Any) -> None:
         _get(value, "response", "usage"),
     )
     for usage in candidates:
-        if isinstance(usage, Mapping):
+        if is_mapping(usage):
             into.merge(usage_from_object(usage))
 
 
 def _get(value: Mapping[str, Any], outer: str, inner: str) -> Any:
     node = value.get(outer)
-    return node.get(inner) if isinstance(node, Mapping) else None
+    return node.get(inner) if is_mapping(node) else None
 
 
 def parse_json_usage(body: bytes) -> UsageObservation:

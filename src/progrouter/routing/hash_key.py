@@ -7,8 +7,8 @@ so a Program and the plain requests of the same ``x-session-id`` land on the sam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -32,12 +32,23 @@ _BODY_FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
 _LONG_BODY_BYTES = 100
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None and not isinstance(headers, CIMultiDictProxy | CIMultiDict):
-        # Plain dicts are case-sensitive; aiohttp's CIMultiDict answers the first lookup already.
-        value = next((v for k, v in headers.items() if k.lower() == name), None)
-    return value or None
+def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, with the parsed-JSON case (a dict) first: the ABC check is slow."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:
+    """A case-insensitive lookup of a lower-case header name in ``headers``."""
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
+        return headers.get  # aiohttp's headers answer any case already
+
+    def lookup(name: str) -> str | None:  # plain dicts are case-sensitive
+        value = headers.get(name)
+        if value is None:
+            value = next((v for k, v in headers.items() if k.lower() == name), None)
+        return value
+
+    return lookup
 
 
 def _identifier(value: Any) -> str | None:
@@ -51,9 +62,10 @@ def _identifier(value: Any) -> str | None:
 
 def header_hash_key(headers: Mapping[str, str]) -> str | None:
     """``header:<name>:<value>`` for the first session-like header present, else None."""
+    lookup = _header_lookup(headers)
     for name in SESSION_HEADER_NAMES:
-        value = _header(headers, name)
-        if value is not None:
+        value = lookup(name)
+        if value:
             return f"header:{name}:{value}"
     return None
 
@@ -65,7 +77,7 @@ def body_hash_key(body: Mapping[str, Any] | None) -> str | None:
     for path, prefix in _BODY_FIELDS:
         node: Any = body
         for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
+            node = node.get(part) if is_mapping(node) else None
         ident = _identifier(node)
         if ident is not None:
             return f"{prefix}:{ident}"

@@ -10,10 +10,11 @@ at once; in a running router it is logged once and dropped, because metrics must
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,6 +192,10 @@ def _format(value: Any) -> str:
     return text if text and " " not in text else repr(text)
 
 
+def _dropped(_value: float) -> None:
+    """The update of a series that is not in the table (already reported by ``_unknown``)."""
+
+
 class PrometheusObserver:
     """``SchedulerObserver`` that records into a Prometheus registry and logs events via ``logging``."""
 
@@ -207,10 +212,10 @@ class PrometheusObserver:
         self._metrics: dict[str, Gauge | Counter | Histogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
-        # Hot-path caches (a Program request records a dozen series): label sets already checked, and the
-        # labelled children, since ``labels()`` is the slow part of an update. Both bounded as the series are.
-        self._checked: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # The hot-path cache (a Program request records a dozen series): per name, kind and label set already
+        # checked, the bound update of its labelled series (``labels()`` and the checks are the slow part of
+        # an update). Bounded as the series are.
+        self._updates: dict[tuple[str, str, tuple[tuple[str, str], ...]], Callable[[float], None]] = {}
         for name, spec in METRICS.items():
             full = PREFIX + name
             metric: Gauge | Counter | Histogram | QuantileSummary
@@ -240,29 +245,13 @@ class PrometheusObserver:
         self.feed.transition(target, reason)
 
     def histogram(self, name: str, value: float, **labels: str) -> None:
-        values = self._resolve(name, "histogram", labels)
-        if values is not None:
-            metric = self._metrics[name]
-            if type(metric) is QuantileSummary:  # not isinstance: a Protocol subclass, slow to check
-                metric.observe(values, value)
-            else:
-                assert isinstance(metric, Histogram)
-                self._child(name, values).observe(value)
+        self._update(name, "histogram", labels)(value)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
-        values = self._resolve(name, "gauge", labels)
-        if values is not None:
-            metric = self._metrics[name]
-            assert isinstance(metric, Gauge)
-            self._child(name, values).set(value)
-            self._gauge_series[name].add(values)
+        self._update(name, "gauge", labels)(value)
 
     def counter(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        values = self._resolve(name, "counter", labels)
-        if values is not None:
-            metric = self._metrics[name]
-            assert isinstance(metric, Counter)
-            self._child(name, values).inc(amount)
+        self._update(name, "counter", labels)(amount)
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         self.feed.event(name, fields)
@@ -291,28 +280,32 @@ class PrometheusObserver:
             for values in [v for v in series if v[index] == target]:
                 metric.remove(*values)
                 series.discard(values)
-                self._children.pop((name, values), None)
-        self._checked.clear()  # forget the departed Rank's label sets too
+        self._updates.clear()  # forget the departed Rank's bound series too
 
     # -------------------------------------------------------------------------------------------- checks
-    def _child(self, name: str, values: tuple[str, ...]) -> Any:
-        key = (name, values)
-        child = self._children.get(key)
-        if child is None:
-            metric = self._metrics[name]
-            assert not isinstance(metric, QuantileSummary)
-            child = self._children[key] = metric.labels(*values)
-        return child
-
-    def _resolve(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:
-        """The label values in the metric's order, once name, kind and labels are checked (None: dropped)."""
+    def _update(self, name: str, kind: str, labels: Mapping[str, str]) -> Callable[[float], None]:
+        """The bound update of one series (observe, set or inc), once name, kind and labels are checked."""
         key = (name, kind, tuple(labels.items()))
-        values = self._checked.get(key)
+        update = self._updates.get(key)
+        if update is None:
+            update = self._updates[key] = self._bind(name, kind, labels)
+        return update
+
+    def _bind(self, name: str, kind: str, labels: Mapping[str, str]) -> Callable[[float], None]:
+        values = self._check(name, kind, labels)
         if values is None:
-            values = self._check(name, kind, labels)
-            if values is not None:
-                self._checked[key] = values
-        return values
+            return _dropped
+        metric = self._metrics[name]
+        if type(metric) is QuantileSummary:  # not isinstance: a Protocol subclass, slow to check
+            return functools.partial(metric.observe, values)
+        assert not isinstance(metric, QuantileSummary)
+        child = metric.labels(*values)
+        if isinstance(child, Histogram):
+            return child.observe
+        if isinstance(child, Gauge):
+            self._gauge_series[name].add(values)
+            return child.set
+        return child.inc
 
     def _check(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         spec = METRICS.get(name)

@@ -296,23 +296,19 @@ class WorkerConnection(asyncio.Protocol):
         crlf = head.count(b"\r\n")
         if head.count(b"\n") != crlf or head.count(b"\r") != crlf or b"\0" in head:
             raise WorkerError("the worker's answer head holds a bare CR, LF or NUL")
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
+        status_line, _, field_lines = head.partition(b"\r\n")
+        version, _, rest = status_line.partition(b" ")
         code = rest[:3]
         if version not in (b"HTTP/1.1", b"HTTP/1.0") or not code.isdigit() or rest[3:4] not in (b"", b" "):
             raise WorkerError("the worker's answer is not HTTP/1.1")
         status = int(code)
         fields = []
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name[-1] in b" \t" or name[0] in b" \t":
+        # Decoded once, then split at ASCII delimiters: the same strings as decoding each part on its own.
+        for line in field_lines.decode("utf-8", "surrogateescape").split("\r\n") if field_lines else ():
+            name, colon, value = line.partition(":")
+            if not colon or not name or name[-1] in " \t" or name[0] in " \t":
                 raise WorkerError("a header of the worker's answer is malformed")
-            fields.append(
-                (
-                    name.decode("utf-8", "surrogateescape"),
-                    value.strip(b" \t").decode("utf-8", "surrogateescape"),
-                )
-            )
+            fields.append((name, value.strip(" \t")))
         headers = CIMultiDict(fields)
         if 100 <= status < 200:
             if status == 101:
