@@ -452,3 +452,53 @@ def test_bounds_cover_headers_hint_parents_derived_ids_and_model_pool() -> None:
     assert reason(ctx(task_id="x" * 254, agent_id="worker")) == "program_id exceeds 256 bytes"
     with pytest.raises(InvalidIdentity, match="model pool exceeds 256 bytes"):
         extract_identity(ctx(program_id="p"), {}, AUTO, model_pool="m" * 257)
+
+
+_SAME_EITHER_WAY = [
+    {"task_id": "t", "agent_id": "lead"},
+    {"task_id": "t", "agent_id": "t:worker", "spawn_reason": "search", "step_id": 3, "priority": -2},
+    {"program_id": "p", "task_id": None, "request_id": "r", "deadline": 1.5, "kv_retention_ttl": 0},
+    {"session_id": "s"},  # the task borrows the session
+    {"agent_id": "helper"},  # no task: the framework session (when sent) scopes it
+    {"task_id": "t", "agent_id": "a", "parent_agent_id": "lead", "blocks_parent": False},
+    {"task_id": "t", "agent_id": "a", "parent_program_id": "t:a"},  # invalid: its own parent
+    {"program_id": "p", "blocks_parent": True},  # invalid: blocking without a parent
+    {"task_id": "t", "agent_id": "t:"},  # invalid: empty agent component
+    {"task_id": "t", "step_id": -1},  # invalid after the hash key
+    {"task_id": "t", "priority": True, "expected_output_tokens": "many"},  # invalid after the hash key
+]
+
+_CLAUDE = {"x-claude-code-session-id": "cs", "x-claude-code-agent-id": "cs:b"}
+
+
+@pytest.mark.parametrize("fields", _SAME_EITHER_WAY)
+@pytest.mark.parametrize("headers", [{}, _CLAUDE])
+def test_a_context_string_derives_what_its_object_does_every_time(
+    fields: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """A context string's derivation is remembered: the first, the remembered and the object's agree,
+    errors included (and a long model pool's error still comes before a late field's)."""
+
+    def outcome(context: Any, pool: str) -> object:
+        body = {"model": "m", "vllm_xargs": {"agentic_context": context}}
+        try:
+            return extract_identity(body, headers, AUTO, raw_body=b"{}", model_pool=pool)
+        except InvalidIdentity as exc:
+            return exc.reason
+
+    text = json.dumps(fields)
+    for pool in ("program:all", "p" * 300):
+        expected = outcome(fields, pool)
+        assert outcome(text, pool) == expected
+        assert outcome(text, pool) == expected  # remembered
+
+
+def test_the_hash_key_is_checked_before_the_fields_read_after_it() -> None:
+    for context in ({"task_id": "t", "step_id": -1}, json.dumps({"task_id": "t", "step_id": -1})):
+        body = {"model": "m", "vllm_xargs": {"agentic_context": context}}
+        with pytest.raises(InvalidIdentity) as info:
+            extract_identity(body, {}, AUTO, raw_body=b"{}", model_pool="p" * 300)
+        assert info.value.reason == "model pool exceeds 256 bytes"
+        with pytest.raises(InvalidIdentity) as info:
+            extract_identity(body, {}, AUTO, raw_body=b"{}", model_pool="program:all")
+        assert info.value.reason == "step_id must be a non-negative integer"

@@ -133,3 +133,33 @@ def test_forgetting_a_worker_drops_its_gauges_until_it_is_seen_again() -> None:
     metrics.child(metrics.running_requests, "http://a:1").inc()  # added again: a fresh, visible series
     text = generate_latest(metrics.registry).decode()
     assert _samples(text, "vllm_router_running_requests")[(("worker", "http://a:1"),)] == 1.0
+
+
+def test_both_in_flight_gauges_read_one_count_per_target() -> None:
+    metrics = RouterMetrics(CollectorRegistry())
+
+    def in_flight() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        text = generate_latest(metrics.registry).decode()
+        names = ("vllm_router_running_requests", "vllm_router_worker_load", "vllm_router_cb_outcomes_total")
+        return {name: _samples(text, name) for name in names}
+
+    a = metrics.target("http://a:1")
+    a.started()
+    a.started()
+    seen = in_flight()
+    assert seen["vllm_router_running_requests"] == {(("worker", "http://a:1"),): 2.0}
+    assert seen["vllm_router_worker_load"] == {(("worker", "http://a:1"),): 2.0}
+    a.finished(True)
+    a.finished(None)  # an attempt the circuit breaker hears nothing about
+    seen = in_flight()
+    assert seen["vllm_router_running_requests"] == {(("worker", "http://a:1"),): 0.0}
+    assert seen["vllm_router_worker_load"] == {(("worker", "http://a:1"),): 0.0}
+    assert seen["vllm_router_cb_outcomes_total"] == {
+        (("outcome", "success"), ("worker", "http://a:1")): 1.0,
+        (("outcome", "failure"), ("worker", "http://a:1")): 0.0,
+    }
+    a.started()
+    metrics.forget_worker("http://a:1")  # gone: no stale series, even with an attempt in flight
+    assert in_flight()["vllm_router_running_requests"] == {}
+    metrics.target("http://a:1").started()  # seen again: a fresh count, visible at once
+    assert in_flight()["vllm_router_worker_load"] == {(("worker", "http://a:1"),): 1.0}

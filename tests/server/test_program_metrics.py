@@ -125,3 +125,20 @@ def test_forget_target_drops_its_gauge_series_only() -> None:
     assert value(registry, PREFIX + "rolling_samples", target=T, window="request") is None
     assert value(registry, PREFIX + "rank_active_programs", target=other) == 2
     assert value(registry, PREFIX + "transitions_total", target=T, reason="ttl_expired") == 1
+
+
+def test_bound_updates_stay_checked_and_forgetting_rebinds() -> None:
+    registry = CollectorRegistry()
+    obs = PrometheusObserver(registry, strict=True)
+    for _ in range(2):  # a refused label set is never remembered as bound: it raises every time
+        with pytest.raises(UnknownMetric):
+            obs.gauge("rank_queue_size", 1, target=T, program="secret")
+    obs.gauge("rank_queue_size", 3, target=T)
+    obs.histogram("request_interval_seconds", 0.2, target=T)
+    obs.forget_target(T)
+    assert value(registry, PREFIX + "rank_queue_size", target=T) is None
+    obs.gauge("rank_queue_size", 4, target=T)  # the Rank is back: its gauge is visible again
+    obs.histogram("request_interval_seconds", 0.2, target=T)  # histograms keep their history
+    obs.forget_target(T)  # and the series set again is tracked again, so it can be forgotten again
+    assert value(registry, PREFIX + "rank_queue_size", target=T) is None
+    assert value(registry, PREFIX + "request_interval_seconds_count", target=T) == 2

@@ -7,12 +7,14 @@ header schema (Claude Code, Codex/OpenCode, generic ``x-session-id``) — and ne
 but malformed is an ``InvalidIdentity`` (HTTP 400) carrying upstream's reason; anything unrecognised is
 ``None`` (native path).
 
-Rules that fence this module in: it is sans-I/O and stateless. ``step_id`` is returned as sent (``None`` when
-omitted); numbering omitted steps needs per-Program memory and belongs to the scheduler.
+Rules that fence this module in: it is sans-I/O and stateless (it only remembers what a context string derives
+to, a pure function of the string). ``step_id`` is returned as sent (``None`` when omitted); numbering
+omitted steps needs per-Program memory and belongs to the scheduler.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,10 @@ from progrouter.routing.hash_key import is_mapping, native_hash_key
 MAX_IDENTITY_COMPONENT_BYTES = 256
 MAX_PLACEMENT_HASH_KEY_BYTES = 512
 MAX_AGENTIC_CONTEXT_BYTES = 16 * 1024
+# Derivations remembered per context string (at most this many strings of at most this many characters:
+# a bounded memory, ~4 MiB at worst); a longer context is derived afresh each time.
+REMEMBERED_CONTEXTS = 4096
+MAX_REMEMBERED_CONTEXT_CHARS = 512
 
 CLAUDE_SESSION_HEADER = "x-claude-code-session-id"
 CLAUDE_AGENT_HEADER = "x-claude-code-agent-id"
@@ -114,7 +120,7 @@ def extract_identity(
 
     resolved: tuple[ProgramIdentity, RequestHints] | None
     if canonical is not None:
-        resolved = _canonical_identity(canonical, lowered, hash_key)
+        resolved = _canonical_identity(*canonical, lowered, hash_key)
     else:
         resolved = _agent_hint_identity(request, hash_key) or _header_identity(lowered, hash_key)
     if resolved is None:
@@ -138,8 +144,9 @@ def extract_identity(
 # ----------------------------------------------------------------------------------------------- sources
 
 
-def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The decoded ``vllm_xargs.agentic_context`` object (object or JSON-encoded string), or None."""
+def _canonical_context(request: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], str | None] | None:
+    """The decoded ``vllm_xargs.agentic_context`` object (object or JSON-encoded string), or None; with it
+    the string it was decoded from, when short enough for its derivation to be remembered."""
     if request is None:
         return None
     xargs = request.get("vllm_xargs")
@@ -150,24 +157,58 @@ def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] |
     raw = xargs.get("agentic_context")
     if raw is None:
         return None
+    text = None
     if isinstance(raw, str):
         # Stock vLLM accepts only scalar vllm_xargs values, so agents send the context as a JSON string.
         encoded = raw.encode()
         if len(encoded) > MAX_AGENTIC_CONTEXT_BYTES:
             raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object")
+        text = raw if len(raw) <= MAX_REMEMBERED_CONTEXT_CHARS else None
         try:
             raw = orjson.loads(encoded)
         except orjson.JSONDecodeError:
             raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
     if not is_mapping(raw):
         raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
-    return raw
+    return raw, text
 
 
 def _canonical_identity(
-    context: Mapping[str, Any], headers: Mapping[str, str], hash_key: Callable[[], str]
+    context: Mapping[str, Any], text: str | None, headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
+    """The identity a canonical context names. A Program sends the same context string with each request,
+    so its derivation (a pure function of the string and the framework headers) is remembered."""
     framework = _framework_headers(headers)
+    base = _remembered_base(text, framework) if text is not None else _canonical_base(context, framework)
+    if base is None:
+        return None
+    placement_hash_key = hash_key()  # its errors come before those of the fields below, as upstream's do
+    spawn_reason, step_id, hints = _remembered_tail(text) if text is not None else _canonical_tail(context)
+    identity = ProgramIdentity(
+        **base,
+        placement_hash_key=placement_hash_key,
+        spawn_reason=spawn_reason,
+        step_id=step_id,
+        source=SOURCE_AGENTIC_CONTEXT,
+    )
+    return identity, hints
+
+
+@functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
+def _remembered_base(text: str, framework: _FrameworkHeaders) -> Mapping[str, Any] | None:
+    """``_canonical_base`` of a context string (nothing is remembered when it raises)."""
+    return _canonical_base(orjson.loads(text), framework)
+
+
+@functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
+def _remembered_tail(text: str) -> tuple[str | None, int | None, RequestHints]:
+    """``_canonical_tail`` of a context string (nothing is remembered when it raises)."""
+    return _canonical_tail(orjson.loads(text))
+
+
+def _canonical_base(context: Mapping[str, Any], framework: _FrameworkHeaders) -> Mapping[str, Any] | None:
+    """Who the context names and how it relates to others: the identity's fields up to its hash key (None
+    when it names no Program). Shared when remembered: never changed by a caller."""
     explicit_program_id = _string(context, "program_id")
     body_task_id = _string(context, "task_id")
     session_id = _string(context, "session_id") or framework.session
@@ -212,23 +253,24 @@ def _canonical_identity(
     if expected_resume is None:
         # A blocking subagent is expected to finish and hand control back, not to come back itself.
         expected_resume = not (blocks_parent and agent_role == "subagent")
+    return {
+        "program_id": program_id,
+        "placement_key": placement_key,
+        "task_id": task_id,
+        "session_id": session_id,
+        "agent_id": agent_id,
+        "agent_role": agent_role,
+        "parent_program_id": parent_program_id,
+        "root_program_id": root_program_id,
+        "blocks_parent": blocks_parent,
+        "expected_resume": expected_resume,
+    }
 
-    identity = ProgramIdentity(
-        program_id=program_id,
-        placement_key=placement_key,
-        placement_hash_key=hash_key(),
-        task_id=task_id,
-        session_id=session_id,
-        agent_id=agent_id,
-        agent_role=agent_role,
-        parent_program_id=parent_program_id,
-        root_program_id=root_program_id,
-        blocks_parent=blocks_parent,
-        expected_resume=expected_resume,
-        spawn_reason=_string(context, "spawn_reason", "subagent_type", "agent_type"),
-        step_id=_u64(context, "step_id"),
-        source=SOURCE_AGENTIC_CONTEXT,
-    )
+
+def _canonical_tail(context: Mapping[str, Any]) -> tuple[str | None, int | None, RequestHints]:
+    """The fields read after the hash key: spawn reason, step id and the request's hints."""
+    spawn_reason = _string(context, "spawn_reason", "subagent_type", "agent_type")
+    step_id = _u64(context, "step_id")
     hints = RequestHints(
         request_id=_string(context, "request_id"),
         priority=_i64(context, "priority") or 0,
@@ -236,7 +278,7 @@ def _canonical_identity(
         expected_output_tokens=_u64(context, "expected_output_length", "expected_output_tokens"),
         kv_retention_ttl_seconds=_duration(context, "kv_retention_ttl", "kv_retention_ttl_seconds"),
     )
-    return identity, hints
+    return spawn_reason, step_id, hints
 
 
 def _agent_hint_identity(
