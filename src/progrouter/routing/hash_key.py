@@ -33,8 +33,9 @@ _LONG_BODY_BYTES = 100
 
 
 def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
-    """``isinstance(value, Mapping)``, with the parsed-JSON case (a dict) first: the ABC check is slow."""
-    return type(value) is dict or isinstance(value, Mapping)
+    """``isinstance(value, Mapping)``, with the parsed-JSON cases (a dict, an absent field) first: the ABC
+    check is slow."""
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
 def _header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:

@@ -115,7 +115,8 @@ class InboundLimiter:
     def release(self) -> None:
         """A request that held a token is done."""
         self.bucket.give_back(self._clock())
-        self._admit()
+        if self._waiters:  # else nothing to admit, and no timer to arm
+            self._admit()
 
     def _discard(self, waiter: asyncio.Future[None]) -> None:
         with contextlib.suppress(ValueError):
