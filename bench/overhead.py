@@ -291,10 +291,28 @@ def component(filename: str) -> str:
     if "site-packages/" in filename:
         return filename.split("site-packages/", 1)[1].split("/", 1)[0]
     if filename == "<string>":
-        return "dataclass __init__"
+        return "generated code"
     if "/asyncio/" in filename:
         return "asyncio"
     return "stdlib"
+
+
+# Components by the layer they belong to, for the one-line summary (a prefix of the component's name).
+LAYERS = (
+    ("HTTP server", ("aiohttp", "yarl", "multidict", "aiosignal", "frozenlist", "server/connection",
+                     "server/edge", "server/front", "server/inbound")),
+    ("worker hop", ("server/worker_client",)),
+    ("Program identity, usage, estimate", ("program/identity", "program/usage", "program/token_estimator")),
+    ("scheduler core", ("program/",)),
+    ("metrics", ("prometheus_client", "server/metrics", "server/program_metrics", "server/event_feed")),
+    ("event loop, stdlib", ("asyncio", "stdlib")),
+)  # fmt: skip
+OTHER_LAYER = "the rest of progrouter"
+
+
+def layer(name: str) -> str:
+    """The first layer of ``LAYERS`` whose prefixes ``name`` starts with."""
+    return next((title for title, prefixes in LAYERS if name.startswith(prefixes)), OTHER_LAYER)
 
 
 def breakdown(segment: Segment, top: int) -> list[str]:
@@ -309,12 +327,21 @@ def breakdown(segment: Segment, top: int) -> list[str]:
     own: dict[str, int] = {}
     inclusive: dict[Frame, int] = {}
     for stack, count in stacks:
-        name = component(stack[0][0])
+        # Generated code (a dataclass's __init__, __eq__, __hash__) is charged to the module that called it.
+        name = component(next((f[0] for f in stack if f[0] != "<string>"), stack[0][0]))
         own[name] = own.get(name, 0) + count
         for frame in set(stack):
             inclusive[frame] = inclusive.get(frame, 0) + count
+    layers: dict[str, int] = {}
+    for name, count in own.items():
+        layers[layer(name)] = layers.get(layer(name), 0) + count
+    summary = ", ".join(
+        f"{title} {count * us_per_sample:,.0f} ({count / samples:.0%})"
+        for title, count in sorted(layers.items(), key=lambda kv: -kv[1])
+    )
     lines = [
         f"  {samples} samples of CPU time; {segment.cpu_us:,.0f} µs/request with the sampler on",
+        f"  by layer, µs/req: {summary}",
         f"  {'own CPU by component':<44} {'µs/req':>8} {'share':>6}",
     ]
     for name, count in sorted(own.items(), key=lambda kv: -kv[1])[:top]:

@@ -316,7 +316,8 @@ class WorkerConnection(asyncio.Protocol):
             return  # an interim answer: the final one follows
         self.status = status
         self.headers = headers
-        tokens = {t.strip().lower() for t in headers.get("Connection", "").split(",")}
+        connection = headers.get("Connection")
+        tokens = {t.strip().lower() for t in connection.split(",")} if connection else set()
         self.keep_alive = "close" not in tokens if version == b"HTTP/1.1" else "keep-alive" in tokens
         transfer = headers.get("Transfer-Encoding")
         if status in (204, 304):
