@@ -288,7 +288,9 @@ class PrometheusObserver:
         key = (name, kind, tuple(labels.items()))
         update = self._updates.get(key)
         if update is None:
-            update = self._updates[key] = self._bind(name, kind, labels)
+            update = self._bind(name, kind, labels)
+            if update is not _dropped:  # only table series are kept: the cache stays as bounded as they are
+                self._updates[key] = update
         return update
 
     def _bind(self, name: str, kind: str, labels: Mapping[str, str]) -> Callable[[float], None]:
