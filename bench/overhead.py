@@ -11,8 +11,9 @@ own CPU per request under the same loads (an aiohttp server with one handler and
 router served by aiohttp spends before doing anything.
 
 ``--profile`` then runs progrouter once more with a sampling profiler on CPU time (``CpuSampler``), switched
-on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: the own CPU
-per request by component (a progrouter module, aiohttp, prometheus_client …) and the top functions by
+on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: a summary
+by layer (``LAYERS``: HTTP server, worker hop, scheduler core, metrics …), the own CPU per request by
+component (a progrouter module, aiohttp, prometheus_client …) and the top functions by
 cumulative CPU per request: each function's share of the samples times the CPU per request measured from
 /proc over the same segment. Samples come one per kernel tick of CPU (4 ms here), so use ``--requests``
 ≥ 1500 for shares good to a percent or two.
