@@ -301,7 +301,7 @@ def component(filename: str) -> str:
 # Components by the layer they belong to, for the one-line summary (a prefix of the component's name).
 LAYERS = (
     ("HTTP server", ("aiohttp", "yarl", "multidict", "aiosignal", "frozenlist", "server/connection",
-                     "server/edge", "server/front", "server/inbound")),
+                     "server/edge", "server/front", "server/exchange")),
     ("worker hop", ("server/worker_client",)),
     ("Program identity, usage, estimate", ("program/identity", "program/usage", "program/token_estimator")),
     ("scheduler core", ("program/",)),
