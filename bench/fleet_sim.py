@@ -357,7 +357,7 @@ def run_point(
         sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
         samples = sample_every(sim, until)
         sent = record_sent(sim)
-        sim.run()
+        sim.advance()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         row = summarize(sim, samples, profile, wall)
         row["request_seconds_censored"] = censored_latency(sim, sent, until)

@@ -9,7 +9,11 @@ Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 - a full block that holds computed KV carries its chained hash until the pool hands it out again (eviction),
   at which point the hash is dropped. Two blocks may hold the same hash (a fully cached prompt recomputes
   its last block into a new one): as in vLLM both are cached copies, the first is the one lookups find, and
-  when it is evicted the next copy takes its place.
+  when it is evicted the next copy takes its place;
+- the cached blocks of a hash chain are a prefix of it: a request holds a whole chain and frees it tail
+  first, so a block's chain parent is held, or queued behind it for eviction, for as long as the block is
+  cached (lookups bisect on this; it holds as long as chained hashes do not collide, which the prefix cache
+  itself assumes).
 """
 
 from __future__ import annotations

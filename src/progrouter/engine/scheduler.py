@@ -143,12 +143,6 @@ class EngineScheduler:
         if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
             return 0, 0
         steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
-        free = self.kv.pool.num_free_blocks
-        if not chunk and self.waiting and len(running) < self.max_num_seqs:
-            keep = self._blocked_head(now, budget - len(running))
-            if keep is None:
-                return 0, 0
-            free = self.kv.pool.free_before(keep, free)  # the run must not evict what the head would reuse
         decoders = running[:-1] if chunk else running
         for r in running:
             if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
@@ -157,13 +151,20 @@ class EngineScheduler:
             if r.num_tokens - r.num_computed_tokens != 1:
                 return 0, 0
             steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
-        if steps <= 0:
+        if steps <= 0:  # the next step samples a first token or a finish (the usual case): no lookups
             return 0, 0
-        if self.new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
+        free = self.kv.pool.num_free_blocks
+        if not chunk and self.waiting and len(running) < self.max_num_seqs:
+            keep = self._blocked_head(now, budget - len(running))
+            if keep is None:
+                return 0, 0
+            free = self.kv.pool.free_before(keep, free)  # the run must not evict what the head would reuse
+        growth, bs = self._growth(chunk), self.kv.block_size
+        if _blocks_taken(growth, steps, bs) > free:  # the longest run whose blocks are all free now
             lo, hi = 0, steps
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self.new_blocks(mid, chunk) <= free else (lo, mid - 1)
+                lo, hi = (mid, hi) if _blocks_taken(growth, mid, bs) <= free else (lo, mid - 1)
             steps = lo
         return (steps, chunk) if steps > 0 else (0, 0)
 
@@ -189,14 +190,15 @@ class EngineScheduler:
 
     def new_blocks(self, steps: int, chunk: int) -> int:
         """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
+        return _blocks_taken(self._growth(chunk), steps, self.kv.block_size)
+
+    def _growth(self, chunk: int) -> list[tuple[int, int, int]]:
+        """Per running request in a plain run: computed tokens, tokens a step (``chunk`` for the prefill, 1
+        for a decoder) and blocks held."""
         kv = self.kv
-        bs = kv.block_size
         running = self.running
-        total = 0
-        for i, r in enumerate(running):
-            tokens = chunk if chunk and i == len(running) - 1 else 1
-            total += max(0, -(-(r.num_computed_tokens + steps * tokens) // bs) - kv.num_blocks_of(r))
-        return total
+        last = running[-1] if chunk else None
+        return [(r.num_computed_tokens, chunk if r is last else 1, kv.num_blocks_of(r)) for r in running]
 
     def advance_plain(self, steps: int, chunk: int) -> None:
         """Apply ``steps`` schedules ``plain_run`` allowed, with every block taken and cached in the order
@@ -256,3 +258,8 @@ class EngineScheduler:
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.appendleft(request)
+
+
+def _blocks_taken(growth: list[tuple[int, int, int]], steps: int, block_size: int) -> int:
+    """Blocks ``steps`` plain steps take from the pool, ``growth`` as ``EngineScheduler._growth`` gives it."""
+    return sum(max(0, -(-(c + steps * t) // block_size) - held) for c, t, held in growth)
