@@ -32,7 +32,8 @@ class RequestRejected(ValueError):
 class RequestOutput(NamedTuple):
     """What one request got from one step: at most one new token, and whether it is done (a named tuple:
     every running request gets one each step, and a tuple is built four times faster than a frozen
-    dataclass)."""
+    dataclass). A block-mode request (``PromptBlocks``: its tokens are counted, never read) reports only
+    its first token and its finish."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -223,6 +224,8 @@ class EngineCore:
                 del requests[request.request_id]
                 stats.request_success[reason.value] += 1
                 stats.e2e.observe(end - request.arrival_time)
+            elif not first and not request.tokens_kept:
+                continue  # a block-mode request's token in between: nobody reads it
             outputs.append(
                 RequestOutput(
                     request.request_id,
