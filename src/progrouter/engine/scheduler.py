@@ -143,15 +143,20 @@ class EngineScheduler:
         if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
             return 0, 0
         steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
-        decoders = running[:-1] if chunk else running
-        for r in running:
-            if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
-                return 0, 0
-        for r in decoders:
-            if r.num_tokens - r.num_computed_tokens != 1:
+        eos = eos_probability > 0.0
+        if last.tokens_kept or (eos and not last.params.ignore_eos):
+            return 0, 0
+        for r in running[:-1] if chunk else running:
+            if (
+                r.tokens_kept
+                or (eos and not r.params.ignore_eos)
+                or r.num_tokens - r.num_computed_tokens != 1
+            ):
                 return 0, 0
             steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
-        if steps <= 0:  # the next step samples a first token or a finish (the usual case): no lookups
+            if steps <= 0:  # the next step samples a finish (the usual case): stop looking
+                return 0, 0
+        if steps <= 0:  # the next step samples the prefill's first token
             return 0, 0
         free = self.kv.pool.num_free_blocks
         if not chunk and self.waiting and len(running) < self.max_num_seqs:
