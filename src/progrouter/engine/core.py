@@ -209,6 +209,8 @@ class EngineCore:
         outputs: list[RequestOutput] = []
         requests = self._requests
         for request in sampled:
+            if request.count_unread_token(eos_p):
+                continue  # a block-mode request's token in between: counted, never drawn, not reported
             token = request.append_output_token(eos_p)
             first = request.first_token_time is None
             if first:
@@ -225,7 +227,7 @@ class EngineCore:
                 stats.request_success[reason.value] += 1
                 stats.e2e.observe(end - request.arrival_time)
             elif not first and not request.tokens_kept:
-                continue  # a block-mode request's token in between: nobody reads it
+                continue  # a block-mode request's token in between (after an EOS roll): nobody reads it
             outputs.append(
                 RequestOutput(
                     request.request_id,

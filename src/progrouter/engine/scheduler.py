@@ -44,6 +44,8 @@ class EngineScheduler:
         self.running: list[Request] = []
         # The waiting head that failed admission: (request, its hit blocks, blocks it needed, token budget).
         self._blocked: tuple[Request, int, int, int] | None = None
+        # A head found blocked: (request, token budget, ``pool.changes`` then, the ids of its hit blocks).
+        self._keep: tuple[Request, int, int, set[int]] | None = None
         self.admission_memo = True
 
     def add(self, request: Request) -> None:
@@ -104,6 +106,7 @@ class EngineScheduler:
             n = min(request.num_tokens - num_hit_tokens, budget)
             if not kv.allocate_slots(request, n, hits):
                 self._blocked = (request, len(hits), -(-n // kv.block_size), budget)
+                self._keep = (request, budget, kv.pool.changes, {b.block_id for b in hits})
                 break
             self._blocked = None
             waiting.popleft()
@@ -187,11 +190,16 @@ class EngineScheduler:
         if head.arrival_time > now:
             return None
         kv = self.kv
+        memo = self._keep
+        if memo is not None and memo[0] is head and memo[1] == budget and memo[2] == kv.pool.changes:
+            return memo[3]  # found blocked on this very pool (usually by this step's admission)
         hits, num_hit_tokens = kv.get_computed_blocks(head)
         n = min(head.num_tokens - num_hit_tokens, budget)
         if kv.blocks_needed(head, n, hits) is not None:
             return None
-        return {b.block_id for b in hits}
+        keep = {b.block_id for b in hits}
+        self._keep = (head, budget, kv.pool.changes, keep)
+        return keep
 
     def new_blocks(self, steps: int, chunk: int) -> int:
         """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
