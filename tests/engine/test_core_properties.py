@@ -38,6 +38,12 @@ def check_invariants(core: EngineCore) -> None:
     assert set(pool.free_queue_ids()) == {b.block_id for b in pool.blocks if b.ref_cnt == 0}
     for h in list(pool._cached):
         assert pool._cached[h].block_hash == h
+    for request in core._requests.values():  # the cached part of a chain is a prefix (lookups bisect)
+        cached = [h in pool._cached for h in request.block_hashes]
+        assert cached == sorted(cached, reverse=True)
+        hits, _ = core.kv.get_computed_blocks(request)
+        max_blocks = (request.num_tokens - 1) // core.config.block_size
+        assert hits == [pool._cached[h] for h in request.block_hashes[: min(max_blocks, cached.count(True))]]
     sched = core.scheduler
     assert len(sched.running) <= core.config.max_num_seqs
     for request in sched.running:

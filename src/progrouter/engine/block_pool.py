@@ -9,7 +9,11 @@ Rules that fence this module in (as in vLLM v1's ``core/block_pool.py``):
 - a full block that holds computed KV carries its chained hash until the pool hands it out again (eviction),
   at which point the hash is dropped. Two blocks may hold the same hash (a fully cached prompt recomputes
   its last block into a new one): as in vLLM both are cached copies, the first is the one lookups find, and
-  when it is evicted the next copy takes its place.
+  when it is evicted the next copy takes its place;
+- the cached blocks of a hash chain are a prefix of it: a request holds a whole chain and frees it tail
+  first, so a block's chain parent is held, or queued behind it for eviction, for as long as the block is
+  cached (lookups bisect on this; it holds as long as chained hashes do not collide, which the prefix cache
+  itself assumes).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class BlockPool:
         self._cached: dict[int, KVCacheBlock] = {}  # hash -> the copy lookups find
         self._copies: dict[int, list[KVCacheBlock]] = {}  # hash -> further copies, oldest first (rare)
         self.num_evictions = 0
+        self.changes = 0  # bumped by every call that changes blocks: equal counts, the same pool
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
@@ -116,6 +121,7 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take ``n`` blocks from the head of the free queue, evicting whatever prefix they cached."""
+        self.changes += 1
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks; only {self.num_free_blocks} are free")
         out: list[KVCacheBlock] = []
@@ -171,6 +177,7 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A request reuses cached blocks: take a reference, and pull free ones out of the eviction queue."""
+        self.changes += 1
         free = self._free
         for block in blocks:
             if block.ref_cnt == 0:
@@ -180,6 +187,7 @@ class BlockPool:
     def free_blocks(self, blocks_in_eviction_order: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; those that reach zero join the free queue: with a cached
         prefix at its tail, without one (nothing to keep) at its head, in the order given."""
+        self.changes += 1
         free = self._free
         uncached: list[KVCacheBlock] = []
         for block in blocks_in_eviction_order:
@@ -212,6 +220,7 @@ class BlockPool:
         find. The event sink hears of every run of newly registered blocks, copies included (vLLM reports
         them too), with its parent's hash and (``token_ids(i)`` of block ``i``) its tokens.
         """
+        self.changes += 1
         cached = self._cached
         registered: list[int] = []
         for i in range(start, end):
@@ -244,6 +253,7 @@ class BlockPool:
         while any request holds a block."""
         if self.num_free_blocks != self.num_blocks:
             return False
+        self.changes += 1
         for block in self._cached.values():
             block.block_hash = None
         for copies in self._copies.values():

@@ -32,7 +32,8 @@ class RequestRejected(ValueError):
 class RequestOutput(NamedTuple):
     """What one request got from one step: at most one new token, and whether it is done (a named tuple:
     every running request gets one each step, and a tuple is built four times faster than a frozen
-    dataclass)."""
+    dataclass). A block-mode request (``PromptBlocks``: its tokens are counted, never read) reports only
+    its first token and its finish."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -208,6 +209,8 @@ class EngineCore:
         outputs: list[RequestOutput] = []
         requests = self._requests
         for request in sampled:
+            if request.count_unread_token(eos_p):
+                continue  # a block-mode request's token in between: counted, never drawn, not reported
             token = request.append_output_token(eos_p)
             first = request.first_token_time is None
             if first:
@@ -223,6 +226,8 @@ class EngineCore:
                 del requests[request.request_id]
                 stats.request_success[reason.value] += 1
                 stats.e2e.observe(end - request.arrival_time)
+            elif not first and not request.tokens_kept:
+                continue  # a block-mode request's token in between (after an EOS roll): nobody reads it
             outputs.append(
                 RequestOutput(
                     request.request_id,

@@ -171,6 +171,21 @@ class Request:
             self._open = []
         return token
 
+    def count_unread_token(self, eos_probability: float) -> bool:
+        """For a block-mode request past its first token whose next token cannot end it (no EOS roll, not
+        its last): count that token without drawing it, as ``skip_output_tokens(1)`` (nobody reads it).
+        False, changing nothing, for any other request: draw it with ``append_output_token``."""
+        params = self.params
+        if (
+            self._open is not None
+            or self.first_token_time is None
+            or (eos_probability > 0.0 and not params.ignore_eos)
+            or self.num_output_tokens + 1 >= params.max_tokens
+        ):
+            return False
+        self.skip_output_tokens(1)
+        return True
+
     def skip_output_tokens(self, n: int) -> None:
         """Count ``n`` more output tokens without drawing them (block-mode prompts, whose tokens nobody
         reads); full output blocks get their request-unique keys as ``append_output_token`` gives them."""

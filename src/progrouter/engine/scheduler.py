@@ -44,6 +44,8 @@ class EngineScheduler:
         self.running: list[Request] = []
         # The waiting head that failed admission: (request, its hit blocks, blocks it needed, token budget).
         self._blocked: tuple[Request, int, int, int] | None = None
+        # A head found blocked: (request, token budget, ``pool.changes`` then, the ids of its hit blocks).
+        self._keep: tuple[Request, int, int, set[int]] | None = None
         self.admission_memo = True
 
     def add(self, request: Request) -> None:
@@ -104,6 +106,7 @@ class EngineScheduler:
             n = min(request.num_tokens - num_hit_tokens, budget)
             if not kv.allocate_slots(request, n, hits):
                 self._blocked = (request, len(hits), -(-n // kv.block_size), budget)
+                self._keep = (request, budget, kv.pool.changes, {b.block_id for b in hits})
                 break
             self._blocked = None
             waiting.popleft()
@@ -143,27 +146,33 @@ class EngineScheduler:
         if (left > 1 and chunk <= 0) or (left <= 1 and len(running) > budget):
             return 0, 0
         steps = (left - 1) // chunk if chunk else 1 << 30  # a prefill's steps that leave a token: no sampling
+        eos = eos_probability > 0.0
+        if last.tokens_kept or (eos and not last.params.ignore_eos):
+            return 0, 0
+        for r in running[:-1] if chunk else running:
+            if (
+                r.tokens_kept
+                or (eos and not r.params.ignore_eos)
+                or r.num_tokens - r.num_computed_tokens != 1
+            ):
+                return 0, 0
+            steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
+            if steps <= 0:  # the next step samples a finish (the usual case): stop looking
+                return 0, 0
+        if steps <= 0:  # the next step samples the prefill's first token
+            return 0, 0
         free = self.kv.pool.num_free_blocks
         if not chunk and self.waiting and len(running) < self.max_num_seqs:
             keep = self._blocked_head(now, budget - len(running))
             if keep is None:
                 return 0, 0
             free = self.kv.pool.free_before(keep, free)  # the run must not evict what the head would reuse
-        decoders = running[:-1] if chunk else running
-        for r in running:
-            if r.tokens_kept or (eos_probability > 0.0 and not r.params.ignore_eos):
-                return 0, 0
-        for r in decoders:
-            if r.num_tokens - r.num_computed_tokens != 1:
-                return 0, 0
-            steps = min(steps, r.params.max_tokens - r.num_output_tokens - 1)
-        if steps <= 0:
-            return 0, 0
-        if self.new_blocks(steps, chunk) > free:  # the longest run whose blocks are all free now
+        growth, bs = self._growth(chunk), self.kv.block_size
+        if _blocks_taken(growth, steps, bs) > free:  # the longest run whose blocks are all free now
             lo, hi = 0, steps
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self.new_blocks(mid, chunk) <= free else (lo, mid - 1)
+                lo, hi = (mid, hi) if _blocks_taken(growth, mid, bs) <= free else (lo, mid - 1)
             steps = lo
         return (steps, chunk) if steps > 0 else (0, 0)
 
@@ -181,22 +190,28 @@ class EngineScheduler:
         if head.arrival_time > now:
             return None
         kv = self.kv
+        memo = self._keep
+        if memo is not None and memo[0] is head and memo[1] == budget and memo[2] == kv.pool.changes:
+            return memo[3]  # found blocked on this very pool (usually by this step's admission)
         hits, num_hit_tokens = kv.get_computed_blocks(head)
         n = min(head.num_tokens - num_hit_tokens, budget)
         if kv.blocks_needed(head, n, hits) is not None:
             return None
-        return {b.block_id for b in hits}
+        keep = {b.block_id for b in hits}
+        self._keep = (head, budget, kv.pool.changes, keep)
+        return keep
 
     def new_blocks(self, steps: int, chunk: int) -> int:
         """Blocks ``steps`` plain schedules take: every decoder's position ``c + i``, the prefill's chunks."""
+        return _blocks_taken(self._growth(chunk), steps, self.kv.block_size)
+
+    def _growth(self, chunk: int) -> list[tuple[int, int, int]]:
+        """Per running request in a plain run: computed tokens, tokens a step (``chunk`` for the prefill, 1
+        for a decoder) and blocks held."""
         kv = self.kv
-        bs = kv.block_size
         running = self.running
-        total = 0
-        for i, r in enumerate(running):
-            tokens = chunk if chunk and i == len(running) - 1 else 1
-            total += max(0, -(-(r.num_computed_tokens + steps * tokens) // bs) - kv.num_blocks_of(r))
-        return total
+        last = running[-1] if chunk else None
+        return [(r.num_computed_tokens, chunk if r is last else 1, kv.num_blocks_of(r)) for r in running]
 
     def advance_plain(self, steps: int, chunk: int) -> None:
         """Apply ``steps`` schedules ``plain_run`` allowed, with every block taken and cached in the order
@@ -256,3 +271,8 @@ class EngineScheduler:
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.appendleft(request)
+
+
+def _blocks_taken(growth: list[tuple[int, int, int]], steps: int, block_size: int) -> int:
+    """Blocks ``steps`` plain steps take from the pool, ``growth`` as ``EngineScheduler._growth`` gives it."""
+    return sum(max(0, -(-(c + steps * t) // block_size) - held) for c, t, held in growth)

@@ -27,6 +27,15 @@ class VirtualClock:
         """Run ``callback(arg)`` at ``when`` (never in the past: an earlier time runs now)."""
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), callback, arg))
 
+    def soon(self, when: float, callback: Callback, arg: Any = None) -> None:
+        """``at(when, callback, arg)``, except that a callback due now, with nothing else due now, runs at
+        once: it would be the very next event anyway (a heap round trip fewer; ``events_run`` skips it)."""
+        heap = self._heap
+        if when <= self.now and (not heap or heap[0][0] > self.now):
+            callback(arg)
+        else:
+            self.at(when, callback, arg)
+
     def run(self, stop: Callable[[], bool], until: float = math.inf) -> None:
         """Pop events in order until none are left, the next is after ``until``, or ``stop()`` is true after
         an event."""

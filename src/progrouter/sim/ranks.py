@@ -154,7 +154,7 @@ class SimRank:
         if when is None:
             self.stepping = False
         else:
-            self._clock.at(when, self._step)
+            self._clock.soon(when, self._step)
 
     def observation(self) -> BackendObservation:
         """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run goes on)."""

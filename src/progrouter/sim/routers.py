@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import RequestOutput
 from progrouter.program.identity import extract_identity
@@ -194,14 +192,11 @@ class ProgramRouter:
         self._drain()
 
     def _body(self, request: SimRequest) -> dict[str, Any]:
-        context = orjson.loads(
-            agentic_context(request.task, request.program, request.step, request.request_id)
-        )
         hint = self._hint_for(request)
         if hint is not None:
-            context["kv_retention_ttl_seconds"] = hint
             self._max_hint = max(self._max_hint, hint)
-        return {"model": MODEL, "vllm_xargs": {"agentic_context": orjson.dumps(context).decode()}}
+        context = agentic_context(request.task, request.program, request.step, request.request_id, hint)
+        return {"model": MODEL, "vllm_xargs": {"agentic_context": context}}
 
     def finished(self, now: float, request: SimRequest, output: RequestOutput | None) -> None:
         dispatch = request.dispatch
