@@ -17,9 +17,8 @@ Acting Programs are never reclaimed here: they hold their placement until their 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.ledger import required_tokens
@@ -259,8 +258,9 @@ def largest_fitting(used: float, low: float) -> float:
     return fits
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionPlan:
+class AdmissionPlan(NamedTuple):
+    """An admission to commit (a tuple: one is made per admission)."""
+
     target_id: str
     forced: bool
     batch_gain: bool

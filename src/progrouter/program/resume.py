@@ -270,12 +270,21 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
     stop_waiting(core.queues, program)
     core.table.activate(program, target, plan.required, overflow=plan.overflow)
     lifecycle.activated(program, now)
+    if core.observing:
+        _report_admission(core, plan, previous, program.redacted, now)
+    dispatch_retained(core, program, now)
+
+
+def _report_admission(
+    core: Dispatching, plan: AdmissionPlan, previous: str | None, program: str, now: float
+) -> None:
+    """The admission's log event, histograms and transitions (``program``: the redacted id)."""
     observer = core.observer
-    capacity = core.config.token_capacity_per_dp_rank
+    target = plan.target_id
     observer.event(
         "info",
         "program_admit",
-        program=program.redacted,
+        program=program,
         target=target,
         forced=plan.forced,
         batch_gain=plan.batch_gain,
@@ -283,7 +292,7 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
         used_tokens=plan.used,
         required_tokens=plan.required,
         reserve_tokens=plan.reserve,
-        capacity_tokens=capacity,
+        capacity_tokens=core.config.token_capacity_per_dp_rank,
     )
     if not core.config.binding_only:
         _admission_histograms(core, plan, now)
@@ -291,7 +300,6 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
     observer.transition(target, reason)
     if previous is not None and previous != target:
         observer.transition(target, "cross_rank_resume")
-    dispatch_retained(core, program, now)
 
 
 def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) -> None:
