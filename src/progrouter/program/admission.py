@@ -273,13 +273,9 @@ class AdmissionPlan(NamedTuple):
 
 def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
     """The view of one Rank now, from the table, the rolling statistics and the ledger."""
+    observation, used = core.ledger.admission_facts(target_id, now)
     return RankView(
-        core.config,
-        target_id,
-        core.table.rank(target_id),
-        core.factors.get(target_id),
-        core.ledger.fresh_observation(target_id, now),
-        core.ledger.usage(target_id, now),
+        core.config, target_id, core.table.rank(target_id), core.factors.get(target_id), observation, used
     )
 
 

@@ -103,18 +103,23 @@ def enqueue(core: Queueing, program: Program, now: float) -> None:
         return
     front = core.pool.front_hints(program)
     force = program.force_resume
+    key = None
     if force is None:
-        _freeze_force_deadline(core, program, front, now)
+        key = _freeze_force_deadline(core, program, front, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
         core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
-    _insert(core, program, front, now)
+    _insert(core, program, front, now, key)
 
 
-def _insert(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
-    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request."""
+def _insert(
+    core: Queueing, program: Program, front: RequestHints | None, now: float, key: QueueKey | None = None
+) -> None:
+    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request; ``key``:
+    its ``local_key`` now, if the caller has it."""
     config = core.config
     required = required_tokens(program, front, config.decode_buffer_tokens)
-    key = local_key(program, front, config.resume_order, now)
+    if key is None:
+        key = local_key(program, front, config.resume_order, now)
     force = program.force_resume
     forced_at = math.inf if force is None else force.deadline
     core.queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
@@ -135,23 +140,30 @@ def stop_waiting(queues: RankQueues, program: Program) -> None:
     program.force_resume = None
 
 
-def _freeze_force_deadline(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
+def _freeze_force_deadline(
+    core: Queueing, program: Program, front: RequestHints | None, now: float
+) -> QueueKey | None:
+    """Freeze the deadline of a Program entering its queue; returns its queue key, unless the deadline
+    froze already passed (which moves it to the forced tier: the key changes)."""
     config = core.config
-    estimate = core.work.estimate(core, program, front, now)
+    key = local_key(program, front, config.resume_order, now)  # unforced: no force_resume yet
+    estimate = core.work.estimate(core, program, key, now)
     timeout = effective_force_resume_timeout(
         estimate.timeout_seconds,
         front.deadline_seconds if front is not None else None,
         config.queue_timeout_seconds,
     )
-    program.force_resume = ForceResume(
-        queued_at=now,
-        deadline=now + timeout,
-        timeout=timeout,
-        active_remaining_rounds=round(estimate.active_remaining_rounds),
-        pool_remaining_rounds=round(estimate.pool_remaining_rounds),
-        request_throughput_per_second=estimate.request_throughput_per_second,
+    deadline = now + timeout
+    program.force_resume = ForceResume(  # queued at, deadline, timeout, and the estimate's inputs
+        now,
+        deadline,
+        timeout,
+        round(estimate.active_remaining_rounds),
+        round(estimate.pool_remaining_rounds),
+        estimate.request_throughput_per_second,
     )
-    core.timers.arm(program, TimerKind.FORCE_RESUME, now + timeout)
+    core.timers.arm(program, TimerKind.FORCE_RESUME, deadline)
+    return key if deadline > now else None
 
 
 def on_force_timer(core: Queueing, program: Program, now: float) -> None:
@@ -200,12 +212,9 @@ class ForceResumeWork:
     def forget(self, target_id: str) -> None:
         self._ranks.pop(target_id, None)
 
-    def estimate(
-        self, core: Queueing, program: Program, front: RequestHints | None, now: float
-    ) -> ForceResumeEstimate:
-        """The workload estimate for ``program`` entering its queue now (``front``: its front hints)."""
+    def estimate(self, core: Queueing, program: Program, key: QueueKey, now: float) -> ForceResumeEstimate:
+        """The workload estimate for ``program`` entering its queue now under ``key``."""
         maximum = core.config.force_resume_timeout_seconds
-        key = local_key(program, front, core.config.resume_order, now)
         if core.config.global_queue:
             pool = self._pool(core, program.ref.model_pool, now)
             ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)

@@ -385,7 +385,7 @@ class ProgramScheduler:
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
             return observed_at is not None and observed_at + core.ledger.freshness_seconds < when
         assert isinstance(payload, Program)
-        if core.table.lookup(payload.ref) is not payload or payload.timer_due.get(kind) != when:
+        if payload.timer_due.get(kind) != when or core.table.lookup(payload.ref) is not payload:
             return False
         if kind is TimerKind.ACTING_TTL:
             relevant = payload.phase == AA
