@@ -70,6 +70,7 @@ class RankView:
         "factors",
         "gate_blocked",
         "low_tokens",
+        "observation",
         "overflow_busy",
         "target_id",
         "used",
@@ -90,6 +91,7 @@ class RankView:
         self.target_id = target_id
         self._rank = rank
         self.factors = factors
+        self.observation = observation
         threshold = config.admission_waiting_request_threshold
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold

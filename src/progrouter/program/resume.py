@@ -336,15 +336,17 @@ def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) ->
 def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool) -> None:
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
+    agenda = core.agenda
     while queue is not None and len(queue):
         if full:
             queue.pending.clear()
         else:
             pending = queue.take_pending()
-            if not pending:
+            if not pending or _refused_as_before(core, target_id, pending, now):
                 return
-        core.agenda.settled(target_id)
+        agenda.settled(target_id)
         view = rank_view(core, target_id, now)
+        agenda.examined(view)
         if view.gate_blocked:
             return
         least = queue.bounds()
@@ -368,6 +370,22 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
+
+
+def _refused_as_before(core: Scheduling, target_id: str, pending: list[Program], now: float) -> bool:
+    """Whether the Rank's last examination refuses every new candidate as a fresh one would: its capacity
+    has not changed since (the agenda dropped it otherwise), the observation it counted as fresh still is
+    (so usage and the waiting gate are the same), and each candidate is unforced with a demand above its
+    ``demand_limit`` — which the count guard or the immediate token check refuses (``judge``)."""
+    view = core.agenda.last_examined(target_id)
+    if view is None or core.ledger.fresh_observation(target_id, now) is not view.observation:
+        return False
+    limit = -math.inf if view.gate_blocked else view.demand_limit
+    for program in pending:
+        entry = program.queue_entry
+        if entry is not None and (entry.forced_at <= now or entry.required <= limit):
+            return False
+    return True
 
 
 def _screened(
