@@ -198,7 +198,8 @@ class ProgramScheduler:
         lifecycle.arrived(core, program, request, now, new=new)
         residency.on_arrival(core, program, request, now)
         handle, deadline = self._retain(program, request, now)
-        if not program.active and program.last_target not in core.pool_targets[request.model_pool]:
+        home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
+        if not program.active and request.model_pool not in core.target_pools.get(home or "", ()):
             self._rebind(program, now)
         if program.active:
             serve_active(core, program, now)
@@ -438,7 +439,8 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
-        lifecycle.release_excess_paused(core, now)
+        if len(core.paused_idle) > self.config.max_paused_programs:
+            lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
         while agenda:
