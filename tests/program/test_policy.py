@@ -10,7 +10,7 @@ from scipy import integrate, stats
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
 from progrouter.program import policy
-from progrouter.program.factors import ContinuitySample, RankFactors, RequestSample
+from progrouter.program.factors import ContinuitySample, LogNormalFit, RankFactors, RequestSample
 from progrouter.program.policy import (
     BatchGainEstimate,
     CapacityAccountingSource,
@@ -106,6 +106,37 @@ def test_fitted_ttl_on_a_known_interval_sample_is_the_argmax_of_the_true_utility
     step = (6.0 / 0.05) ** (1 / 31)
     assert optimum / step <= ttl <= optimum * step
     assert exact_utility(ttl, impact, mu, sigma) > 0.0
+
+
+def test_the_no_gain_bound_answers_exactly_what_the_grid_answers() -> None:
+    """The fitted TTL skips the 35-point grid when a bound says no candidate gains (U(d) < 0 for every d):
+    over a seeded sweep around the boundary (tool gaps from far shorter to far longer than the cold start)
+    the answer equals the grid's every time; the bound is taken often, and the sweep reaches cases where
+    the grid finds a gain although C·h < 2·min TTL·(1 − h): a bound four times looser than the one used
+    would answer those 0, wrongly."""
+    rng = np.random.default_rng(12)
+    taken = close = 0
+    for _ in range(4_000):
+        impact = float(10 ** rng.uniform(-2.0, 1.5))
+        cap = float(rng.choice([10.0, 30.0, 600.0, impact * 0.5]))
+        fit = LogNormalFit(
+            mu=math.log(impact) + float(rng.uniform(-3.0, 6.0)),
+            sigma=float(10 ** rng.uniform(-6.0, 0.7)),
+            samples=100,
+        )
+        ttl = policy.fitted_acting_ttl_from_fit(fit, impact, cap, window_complete=True)
+        max_ttl = min(cap, impact)
+        grid = policy._grid_argmax(fit, impact, max_ttl)
+        assert ttl == grid, (fit, impact, cap)
+        if policy._no_candidate_gains(fit, impact, max_ttl):
+            taken += 1
+            assert grid == 0.0
+        elif grid > 0.0:
+            z = (math.log(max_ttl) - fit.mu) / fit.sigma
+            hit = policy.normal_cdf(z)
+            close += impact * hit < 2.0 * min(policy.MIN_ACTING_TTL_SECONDS, max_ttl) * (1.0 - hit)
+    assert taken > 1_000
+    assert close > 5
 
 
 def test_fitted_ttl_is_zero_until_the_continuity_window_is_complete() -> None:

@@ -17,9 +17,8 @@ Acting Programs are never reclaimed here: they hold their placement until their 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.ledger import required_tokens
@@ -71,6 +70,7 @@ class RankView:
         "factors",
         "gate_blocked",
         "low_tokens",
+        "observation",
         "overflow_busy",
         "target_id",
         "used",
@@ -91,6 +91,7 @@ class RankView:
         self.target_id = target_id
         self._rank = rank
         self.factors = factors
+        self.observation = observation
         threshold = config.admission_waiting_request_threshold
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
@@ -259,8 +260,9 @@ def largest_fitting(used: float, low: float) -> float:
     return fits
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionPlan:
+class AdmissionPlan(NamedTuple):
+    """An admission to commit (a tuple: one is made per admission)."""
+
     target_id: str
     forced: bool
     batch_gain: bool
@@ -273,13 +275,9 @@ class AdmissionPlan:
 
 def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
     """The view of one Rank now, from the table, the rolling statistics and the ledger."""
+    observation, used = core.ledger.admission_facts(target_id, now)
     return RankView(
-        core.config,
-        target_id,
-        core.table.rank(target_id),
-        core.factors.get(target_id),
-        core.ledger.fresh_observation(target_id, now),
-        core.ledger.usage(target_id, now),
+        core.config, target_id, core.table.rank(target_id), core.factors.get(target_id), observation, used
     )
 
 

@@ -4,23 +4,42 @@ Two reasons put a Rank on the agenda. Its *capacity changed* (the ledger moved, 
 lapsed, its statistics moved): it gets capacity repair and a full scan of its queue. Or *candidates arrived*
 (Programs were queued or re-keyed there): only those are planned, because every other candidate was already
 refused against the very same Rank state. Diagnostics never touch it.
+
+The agenda also keeps a Rank's last examination (its ``RankView``) until the Rank's capacity changes: while
+the observation that view counted as fresh still is, new unforced candidates above its ``demand_limit`` are
+refused without building the view again — the common arrival, queued behind a full Rank.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from progrouter.program.admission import RankView
+
 
 class Agenda:
-    __slots__ = ("_candidates", "_changed")
+    __slots__ = ("_candidates", "_changed", "_examined")
 
     def __init__(self) -> None:
         self._changed: set[str] = set()
         self._candidates: set[str] = set()
+        self._examined: dict[str, RankView] = {}
 
     def __bool__(self) -> bool:
         return bool(self._changed or self._candidates)
 
     def capacity_changed(self, target_id: str) -> None:
         self._changed.add(target_id)
+        self._examined.pop(target_id, None)
+
+    def examined(self, view: RankView) -> None:
+        """A scheduling pass examined the Rank through ``view`` (kept until its capacity changes)."""
+        self._examined[view.target_id] = view
+
+    def last_examined(self, target_id: str) -> RankView | None:
+        """The Rank's last examination, if its capacity has not changed since."""
+        return self._examined.get(target_id)
 
     def candidates_arrived(self, target_id: str) -> None:
         self._candidates.add(target_id)
@@ -40,3 +59,4 @@ class Agenda:
     def forget(self, target_id: str) -> None:
         self._changed.discard(target_id)
         self._candidates.discard(target_id)
+        self._examined.pop(target_id, None)

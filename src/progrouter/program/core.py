@@ -15,7 +15,7 @@ from progrouter.program.binding import Binder
 from progrouter.program.factors import RankFactors
 from progrouter.program.ledger import CapacityLedger
 from progrouter.program.lineage import ProgramLineage
-from progrouter.program.observer import SchedulerObserver
+from progrouter.program.observer import NullObserver, SchedulerObserver
 from progrouter.program.outcomes import Outcome, ProgramDispatch
 from progrouter.program.pool import RequestPool
 from progrouter.program.queues import RankQueues
@@ -38,6 +38,7 @@ class Core:
         "lineage",
         "low_tokens",
         "observer",
+        "observing",
         "outcomes",
         "outstanding",
         "paused_idle",
@@ -61,6 +62,8 @@ class Core:
     ) -> None:
         self.config = config
         self.observer = observer
+        # decided once: with the no-op observer the hot paths skip building metrics and events at all
+        self.observing = not isinstance(observer, NullObserver)
         capacity = config.token_capacity_per_dp_rank
         self.low_tokens: float | None = None if capacity is None else capacity * config.low_watermark_ratio
         self.high_tokens: float | None = None if capacity is None else capacity * config.high_watermark_ratio

@@ -29,7 +29,7 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
     assert target_id is not None
     target = core.targets[target_id]
     pool = core.pool
-    observer = core.observer
+    observer = core.observer if core.observing else None
     while pool.waiting(program):
         request = pool.pop_front(program)
         first = core.table.dispatched(program)
@@ -49,13 +49,14 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
         core.outstanding[request.handle.id] = dispatch
         core.outcomes.append(Dispatched(request.handle, dispatch))
         core.binder.commit(request.routing_text, target_id)
-        observer.histogram("queue_wait_seconds", queued, target=target_id)
-        observer.event(
-            "debug",
-            "request_dispatch",
-            program=program.redacted,
-            program_id=program.ref.program_id,
-            target=target_id,
-            queued_seconds=queued,
-            placement_start=first,
-        )
+        if observer is not None:
+            observer.histogram("queue_wait_seconds", queued, target=target_id)
+            observer.event(
+                "debug",
+                "request_dispatch",
+                program=program.redacted,
+                program_id=program.ref.program_id,
+                target=target_id,
+                queued_seconds=queued,
+                placement_start=first,
+            )

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["ContinuitySample", "LogNormalFit", "RankFactors", "RequestSample"]
@@ -46,9 +45,9 @@ class ContinuitySample(NamedTuple):
     cache_miss_impact_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
-class LogNormalFit:
-    """Maximum-likelihood log-normal fit: μ, σ of ln(interval) (population std, σ ≥ 1e-6)."""
+class LogNormalFit(NamedTuple):
+    """Maximum-likelihood log-normal fit: μ, σ of ln(interval) (population std, σ ≥ 1e-6). A tuple: one
+    is made per continuity sample, and the fitted TTL's cache hashes it."""
 
     mu: float
     sigma: float
@@ -86,6 +85,7 @@ class RankFactors:
         "_log_count",
         "_log_sq_sum",
         "_log_sum",
+        "_logs",
         "_prompt_sum",
         "_queue_sum",
         "_request_evictions",
@@ -102,6 +102,7 @@ class RankFactors:
         self.window_size = window_size
         self._requests: deque[RequestSample] = deque()
         self._continuity: deque[ContinuitySample] = deque()
+        self._logs: deque[float | None] = deque()  # ln(interval) of each continuity sample (None: unusable)
         self._ttl_pause_rounds: deque[int] = deque()
         # request window sums (ints exact, floats re-summed periodically)
         self._prompt_sum = 0
@@ -141,10 +142,13 @@ class RankFactors:
     def push_continuity(self, sample: ContinuitySample) -> None:
         """Record an arrival's gap since the Program's previous completion."""
         if len(self._continuity) >= self.window_size:
-            self._remove_continuity(self._continuity.popleft())
+            self._remove_continuity(self._continuity.popleft(), self._logs.popleft())
             self._continuity_evictions += 1
+        interval = sample.interval_seconds
+        log = math.log(interval) if _usable_interval(interval) else None
         self._continuity.append(sample)
-        self._add_continuity(sample)
+        self._logs.append(log)
+        self._add_continuity(sample, log)
         if self._continuity_evictions >= self.window_size:
             self._resum_continuity()
         self._fit_valid = False
@@ -301,27 +305,23 @@ class RankFactors:
         self._decode_sum = math.fsum(s.decode_seconds for s in self._requests if s.decode_seconds is not None)
         self._request_evictions = 0
 
-    def _add_continuity(self, s: ContinuitySample) -> None:
+    def _add_continuity(self, s: ContinuitySample, log: float | None) -> None:
         self._impact_sum += s.cache_miss_impact_seconds
-        if _usable_interval(s.interval_seconds):
-            log = math.log(s.interval_seconds)
+        if log is not None:
             self._log_sum += log
             self._log_sq_sum += log * log
             self._log_count += 1
 
-    def _remove_continuity(self, s: ContinuitySample) -> None:
+    def _remove_continuity(self, s: ContinuitySample, log: float | None) -> None:
         self._impact_sum -= s.cache_miss_impact_seconds
-        if _usable_interval(s.interval_seconds):
-            log = math.log(s.interval_seconds)
+        if log is not None:
             self._log_sum -= log
             self._log_sq_sum -= log * log
             self._log_count -= 1
 
     def _resum_continuity(self) -> None:
         self._impact_sum = math.fsum(s.cache_miss_impact_seconds for s in self._continuity)
-        logs = [
-            math.log(s.interval_seconds) for s in self._continuity if _usable_interval(s.interval_seconds)
-        ]
+        logs = [log for log in self._logs if log is not None]
         self._log_sum = math.fsum(logs)
         self._log_sq_sum = math.fsum(x * x for x in logs)
         self._log_count = len(logs)

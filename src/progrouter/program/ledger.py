@@ -170,12 +170,23 @@ class CapacityLedger:
 
     def fresh_observation(self, target_id: str, now: float) -> BackendObservation | None:
         """The Rank's observation if it is at most three polling intervals old."""
+        return self.admission_facts(target_id, now)[0]
+
+    def admission_facts(self, target_id: str, now: float) -> tuple[BackendObservation | None, float]:
+        """``fresh_observation`` and ``usage`` of the Rank, from one look at its account."""
         account = self.accounts.get(target_id)
-        if account is None or account.observed_at is None or account.observation is None:
-            return None
-        if not observation_fresh(now - account.observed_at, self.metrics_interval_seconds):
-            return None
-        return account.observation
+        if account is None:
+            return None, 0.0
+        observed_at = account.observed_at
+        interval = self.metrics_interval_seconds
+        fresh = observed_at is not None and observation_fresh(now - observed_at, interval)
+        used = target_usage(
+            fresh=fresh,
+            est_active_program_tokens=account.est_active_program_tokens,
+            delta_since_checkpoint=account.delta,
+            ledger_tokens=account.ledger_tokens,
+        )
+        return (account.observation if fresh else None), used
 
     def source(self, target_id: str, now: float) -> CapacityAccountingSource:
         account = self.accounts.get(target_id)
@@ -189,17 +200,7 @@ class CapacityLedger:
 
     def usage(self, target_id: str, now: float) -> float:
         """Managed tokens in use on the Rank: a fresh backend estimate plus later deltas, else the ledger."""
-        account = self.accounts.get(target_id)
-        if account is None:
-            return 0.0
-        observed_at = account.observed_at
-        return target_usage(
-            fresh=observed_at is not None
-            and observation_fresh(now - observed_at, self.metrics_interval_seconds),
-            est_active_program_tokens=account.est_active_program_tokens,
-            delta_since_checkpoint=account.delta,
-            ledger_tokens=account.ledger_tokens,
-        )
+        return self.admission_facts(target_id, now)[1]
 
     def ledger_tokens(self, target_id: str) -> int:
         account = self.accounts.get(target_id)

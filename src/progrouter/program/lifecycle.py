@@ -116,15 +116,16 @@ def record_continuity(core: Arriving, program: Program, now: float) -> None:
     core.rank_factors(target).push_continuity(
         ContinuitySample(interval, program.last_cache_miss_impact_seconds)
     )
-    core.observer.histogram("request_interval_seconds", interval, target=target)
-    core.observer.event(
-        "debug",
-        "continuity_sample",
-        program=program.redacted,
-        target=target,
-        interval_seconds=interval,
-        cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
-    )
+    if core.observing:
+        core.observer.histogram("request_interval_seconds", interval, target=target)
+        core.observer.event(
+            "debug",
+            "continuity_sample",
+            program=program.redacted,
+            target=target,
+            interval_seconds=interval,
+            cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
+        )
 
 
 def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -> None:
@@ -251,9 +252,10 @@ def _segment_bookkeeping(
         segment.ttl_pause_sampled_rounds,
         segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
     )
-    _report_cache(
-        core.observer, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous
-    )
+    if core.observing:
+        _report_cache(
+            core.observer, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous
+        )
 
 
 def _observe_shared_prefix(
@@ -268,7 +270,7 @@ def _observe_shared_prefix(
     )
     # Missing cached usage is no evidence of a shared prefix: it observes 0.
     program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
-    if explicit_cached is not None:
+    if explicit_cached is not None and core.observing:
         core.observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
 
 
@@ -342,10 +344,11 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
     assert target is not None
     ttl = max(0.0, ttl)
     program.acting_ttl = ActingTTL(now, now + ttl)
-    core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
-    core.observer.event(
-        "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
-    )
+    if core.observing:
+        core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
+        core.observer.event(
+            "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
+        )
     if ttl <= 0.0:
         expire_ttl(core, program, now)
     else:
@@ -390,15 +393,16 @@ def pause(core: Pausing, program: Program, reason: PauseReason, now: float) -> N
     if anchor is not None and fresh_until is not None:  # its freshness restarts now
         lifetime = max(0.0, fresh_until - anchor)
         program.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
-    core.observer.transition(target, reason.value)
-    core.observer.event(
-        "info",
-        "program_pause",
-        program=program.redacted,
-        target=target,
-        reason=reason.value,
-        released_private_tokens=released,
-    )
+    if core.observing:
+        core.observer.transition(target, reason.value)
+        core.observer.event(
+            "info",
+            "program_pause",
+            program=program.redacted,
+            target=target,
+            reason=reason.value,
+            released_private_tokens=released,
+        )
     arm_retention(core, program)
 
 

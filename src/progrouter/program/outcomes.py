@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from progrouter.program.pool import RequestHandle
 from progrouter.program.state import ProgramRef
@@ -25,9 +26,9 @@ class ProgramRequest:
     residency: tuple[int, Mapping[str, int]] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ProgramDispatch:
-    """A request sent to its Rank. Hand it back to ``complete`` exactly once, whatever happens to it."""
+class ProgramDispatch(NamedTuple):
+    """A request sent to its Rank. Hand it back to ``complete`` exactly once, whatever happens to it. (A
+    tuple: one is made per request.)"""
 
     handle: RequestHandle
     target: Target

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
 from progrouter.program.factors import MIN_LOG_SIGMA, LogNormalFit, RankFactors
@@ -129,6 +130,28 @@ def fitted_acting_ttl_from_fit(
     max_ttl = min(max_acting_ttl_seconds, impact_seconds)
     if not max_ttl > 0.0 or not impact_seconds > 0.0:
         return 0.0
+    if _no_candidate_gains(fit, impact_seconds, max_ttl):
+        return 0.0
+    return _grid_argmax(fit, impact_seconds, max_ttl)
+
+
+#: ln-slack above the cap for the no-gain bound: the grid's last point, exp(ln cap), may round above the cap
+_CAP_LOG_SLACK = 1e-9
+
+
+def _no_candidate_gains(fit: LogNormalFit, impact_seconds: float, max_ttl: float) -> bool:
+    """True when no grid candidate d > 0 can have U(d) ≥ 0, so the grid's answer is 0 (the common case:
+    tool calls far longer than a cold start costs). For d in [min TTL, cap], Φ(z) ≤ Φ(z at the cap) = h
+    and d ≥ min TTL, so U(d) ≤ C·h − min TTL·(1 − h); requiring C·h below half of that cost leaves a
+    margin no float rounding of the grid's terms can cross (any NaN fails the test: the grid decides)."""
+    min_ttl = min(MIN_ACTING_TTL_SECONDS, max_ttl)
+    z = (math.log(max_ttl) + _CAP_LOG_SLACK - fit.mu) / fit.sigma
+    hit = 0.5 * math.erfc(-z * _SQRT1_2)
+    return impact_seconds * hit < 0.5 * min_ttl * (1.0 - hit)
+
+
+def _grid_argmax(fit: LogNormalFit, impact_seconds: float, max_ttl: float) -> float:
+    """The candidate of ``acting_ttl_candidates(max_ttl)`` with the largest utility (ties: the later)."""
     # U(d) = C·Φ(z) − m·Φ(z − σ) − d·(1 − Φ(z)), z = (ln d − μ)/σ, m = E[T]; U(0) = 0: the expected
     # seconds saved by holding the KV for d (the recompute C avoided when the next request comes back within
     # d, minus the time the KV sits idle: the gap itself when it returns in time, d when it does not).
@@ -468,9 +491,9 @@ FORCE_RESUME_MIN_SECONDS = 30.0
 FORCE_RESUME_WORK_FACTOR = 3.0
 
 
-@dataclass(frozen=True, slots=True)
-class ForceResumeEstimate:
-    """The frozen timeout and its components (diagnostics show them; the fallback has zeros)."""
+class ForceResumeEstimate(NamedTuple):
+    """The frozen timeout and its components (diagnostics show them; the fallback has zeros). A tuple:
+    one is made per queued Program."""
 
     timeout_seconds: float
     active_remaining_rounds: float

@@ -11,7 +11,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.program.types import RequestHints
 
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from progrouter.program.state import Program
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHandle:
-    """The shell's token for one arrived request; valid until the request is dispatched or dropped."""
+class RequestHandle(NamedTuple):
+    """The shell's token for one arrived request; valid until the request is dispatched or dropped. (A
+    tuple: one is made per request.)"""
 
     id: int
     model_pool: str

@@ -103,18 +103,23 @@ def enqueue(core: Queueing, program: Program, now: float) -> None:
         return
     front = core.pool.front_hints(program)
     force = program.force_resume
+    key = None
     if force is None:
-        _freeze_force_deadline(core, program, front, now)
+        key = _freeze_force_deadline(core, program, front, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
         core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
-    _insert(core, program, front, now)
+    _insert(core, program, front, now, key)
 
 
-def _insert(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
-    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request."""
+def _insert(
+    core: Queueing, program: Program, front: RequestHints | None, now: float, key: QueueKey | None = None
+) -> None:
+    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request; ``key``:
+    its ``local_key`` now, if the caller has it."""
     config = core.config
     required = required_tokens(program, front, config.decode_buffer_tokens)
-    key = local_key(program, front, config.resume_order, now)
+    if key is None:
+        key = local_key(program, front, config.resume_order, now)
     force = program.force_resume
     forced_at = math.inf if force is None else force.deadline
     core.queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
@@ -135,23 +140,30 @@ def stop_waiting(queues: RankQueues, program: Program) -> None:
     program.force_resume = None
 
 
-def _freeze_force_deadline(core: Queueing, program: Program, front: RequestHints | None, now: float) -> None:
+def _freeze_force_deadline(
+    core: Queueing, program: Program, front: RequestHints | None, now: float
+) -> QueueKey | None:
+    """Freeze the deadline of a Program entering its queue; returns its queue key, unless the deadline
+    froze already passed (which moves it to the forced tier: the key changes)."""
     config = core.config
-    estimate = core.work.estimate(core, program, front, now)
+    key = local_key(program, front, config.resume_order, now)  # unforced: no force_resume yet
+    estimate = core.work.estimate(core, program, key, now)
     timeout = effective_force_resume_timeout(
         estimate.timeout_seconds,
         front.deadline_seconds if front is not None else None,
         config.queue_timeout_seconds,
     )
-    program.force_resume = ForceResume(
-        queued_at=now,
-        deadline=now + timeout,
-        timeout=timeout,
-        active_remaining_rounds=round(estimate.active_remaining_rounds),
-        pool_remaining_rounds=round(estimate.pool_remaining_rounds),
-        request_throughput_per_second=estimate.request_throughput_per_second,
+    deadline = now + timeout
+    program.force_resume = ForceResume(  # queued at, deadline, timeout, and the estimate's inputs
+        now,
+        deadline,
+        timeout,
+        round(estimate.active_remaining_rounds),
+        round(estimate.pool_remaining_rounds),
+        estimate.request_throughput_per_second,
     )
-    core.timers.arm(program, TimerKind.FORCE_RESUME, now + timeout)
+    core.timers.arm(program, TimerKind.FORCE_RESUME, deadline)
+    return key if deadline > now else None
 
 
 def on_force_timer(core: Queueing, program: Program, now: float) -> None:
@@ -200,12 +212,9 @@ class ForceResumeWork:
     def forget(self, target_id: str) -> None:
         self._ranks.pop(target_id, None)
 
-    def estimate(
-        self, core: Queueing, program: Program, front: RequestHints | None, now: float
-    ) -> ForceResumeEstimate:
-        """The workload estimate for ``program`` entering its queue now (``front``: its front hints)."""
+    def estimate(self, core: Queueing, program: Program, key: QueueKey, now: float) -> ForceResumeEstimate:
+        """The workload estimate for ``program`` entering its queue now under ``key``."""
         maximum = core.config.force_resume_timeout_seconds
-        key = local_key(program, front, core.config.resume_order, now)
         if core.config.global_queue:
             pool = self._pool(core, program.ref.model_pool, now)
             ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
@@ -270,12 +279,21 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
     stop_waiting(core.queues, program)
     core.table.activate(program, target, plan.required, overflow=plan.overflow)
     lifecycle.activated(program, now)
+    if core.observing:
+        _report_admission(core, plan, previous, program.redacted, now)
+    dispatch_retained(core, program, now)
+
+
+def _report_admission(
+    core: Dispatching, plan: AdmissionPlan, previous: str | None, program: str, now: float
+) -> None:
+    """The admission's log event, histograms and transitions (``program``: the redacted id)."""
     observer = core.observer
-    capacity = core.config.token_capacity_per_dp_rank
+    target = plan.target_id
     observer.event(
         "info",
         "program_admit",
-        program=program.redacted,
+        program=program,
         target=target,
         forced=plan.forced,
         batch_gain=plan.batch_gain,
@@ -283,7 +301,7 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
         used_tokens=plan.used,
         required_tokens=plan.required,
         reserve_tokens=plan.reserve,
-        capacity_tokens=capacity,
+        capacity_tokens=core.config.token_capacity_per_dp_rank,
     )
     if not core.config.binding_only:
         _admission_histograms(core, plan, now)
@@ -291,7 +309,6 @@ def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, n
     observer.transition(target, reason)
     if previous is not None and previous != target:
         observer.transition(target, "cross_rank_resume")
-    dispatch_retained(core, program, now)
 
 
 def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) -> None:
@@ -319,15 +336,17 @@ def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) ->
 def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool) -> None:
     """Admit waiters of one Rank in resume order until nobody else fits."""
     queue = core.queues.get(target_id)
+    agenda = core.agenda
     while queue is not None and len(queue):
         if full:
             queue.pending.clear()
         else:
             pending = queue.take_pending()
-            if not pending:
+            if not pending or _refused_as_before(core, target_id, pending, now):
                 return
-        core.agenda.settled(target_id)
+        agenda.settled(target_id)
         view = rank_view(core, target_id, now)
+        agenda.examined(view)
         if view.gate_blocked:
             return
         least = queue.bounds()
@@ -351,6 +370,22 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
+
+
+def _refused_as_before(core: Scheduling, target_id: str, pending: list[Program], now: float) -> bool:
+    """Whether the Rank's last examination refuses every new candidate as a fresh one would: its capacity
+    has not changed since (the agenda dropped it otherwise), the observation it counted as fresh still is
+    (so usage and the waiting gate are the same), and each candidate is unforced with a demand above its
+    ``demand_limit`` — which the count guard or the immediate token check refuses (``judge``)."""
+    view = core.agenda.last_examined(target_id)
+    if view is None or core.ledger.fresh_observation(target_id, now) is not view.observation:
+        return False
+    limit = -math.inf if view.gate_blocked else view.demand_limit
+    for program in pending:
+        entry = program.queue_entry
+        if entry is not None and (entry.forced_at <= now or entry.required <= limit):
+            return False
+    return True
 
 
 def _screened(

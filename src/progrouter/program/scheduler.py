@@ -198,7 +198,8 @@ class ProgramScheduler:
         lifecycle.arrived(core, program, request, now, new=new)
         residency.on_arrival(core, program, request, now)
         handle, deadline = self._retain(program, request, now)
-        if not program.active and program.last_target not in core.pool_targets[request.model_pool]:
+        home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
+        if not program.active and request.model_pool not in core.target_pools.get(home or "", ()):
             self._rebind(program, now)
         if program.active:
             serve_active(core, program, now)
@@ -385,7 +386,7 @@ class ProgramScheduler:
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
             return observed_at is not None and observed_at + core.ledger.freshness_seconds < when
         assert isinstance(payload, Program)
-        if core.table.lookup(payload.ref) is not payload or payload.timer_due.get(kind) != when:
+        if payload.timer_due.get(kind) != when or core.table.lookup(payload.ref) is not payload:
             return False
         if kind is TimerKind.ACTING_TTL:
             relevant = payload.phase == AA
@@ -438,7 +439,8 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
-        lifecycle.release_excess_paused(core, now)
+        if len(core.paused_idle) > self.config.max_paused_programs:
+            lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
         while agenda:

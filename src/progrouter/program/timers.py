@@ -55,12 +55,14 @@ class Timers:
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:
         """Make sure ``program`` hears from ``kind`` no later than ``when``."""
-        pending = program.timer_due.get(kind)
+        due = program.timer_due
+        pending = due.get(kind)
         if pending is not None and pending <= when:
             return
-        program.timer_due[kind] = when
-        self._programs[program.serial] = program
-        self.add(when, kind, program.serial)
+        due[kind] = when
+        serial = program.serial
+        self._programs[serial] = program
+        heapq.heappush(self._heap, (when, kind, next(self._seq), serial))
 
     def forget(self, program: Program) -> None:
         """The Program was released: its entries no longer keep it (they are dropped as they surface)."""
@@ -97,8 +99,14 @@ class Timers:
         retention, a cancelled wait) would otherwise stay referenced until then."""
         if len(self._heap) <= 2 * self._floor + 1024:
             return
-        self._heap = [e for e in self._heap if self._valid(e[0], e[1], e[3], still_valid)]
-        heapq.heapify(self._heap)
+        kept, of = [], self._payload
+        for entry in self._heap:
+            when, kind, _, payload = entry
+            item = of(kind, payload)
+            if item is not None and still_valid(when, kind, item):
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._heap = kept
         self._floor = len(self._heap)
 
     def _valid(
