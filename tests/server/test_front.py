@@ -79,6 +79,12 @@ class Conn:
     def close(self) -> None:
         self.writer.close()
 
+    async def __aenter__(self) -> Conn:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.close()
+
 
 def door(router: RunningRouter) -> FrontDoor:
     front = router.front_door
@@ -91,8 +97,7 @@ async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_sa
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         for request, expected in ((post(), 200), (get("/health"), 200), (post(), 200), (get("/nope"), 404)):
             await conn.send(request)
             status, headers, body = await conn.reply()
@@ -102,8 +107,6 @@ async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_sa
         assert door(router).served == 2 and door(router).lent == 2 and door(router).handed_over == 0
         assert [r["raw"] for r in worker.requests] == [BODY, BODY]
         assert worker.requests[0]["headers"]["X-Request-ID"].startswith("chatcmpl-")
-    finally:
-        conn.close()
 
 
 async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_answered_in_order(
@@ -111,8 +114,7 @@ async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_ans
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         bad = b'{"model": '
         await conn.send(post() + get("/liveness") + post(bad) + post(path="/v1/completions"))
         replies = [await conn.reply() for _ in range(4)]
@@ -120,8 +122,6 @@ async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_ans
         assert b"malformed JSON body" in replies[2][2]
         assert orjson.loads(replies[3][2])["path"] == "/v1/completions"
         assert door(router).handed_over == 1 and door(router).served == 0
-    finally:
-        conn.close()
 
 
 async def test_requests_sent_while_one_is_answered_wait_their_turn(
@@ -129,8 +129,7 @@ async def test_requests_sent_while_one_is_answered_wait_their_turn(
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
         await asyncio.wait_for(worker.received.wait(), 10)
         await conn.send(post(path="/v1/completions"))
@@ -143,8 +142,6 @@ async def test_requests_sent_while_one_is_answered_wait_their_turn(
         assert orjson.loads(replies[1][2])["path"] == "/v1/completions"
         assert b"malformed JSON body" in replies[3][2]
         assert (door(router).served, door(router).lent, door(router).handed_over) == (3, 1, 0)
-    finally:
-        conn.close()
 
 
 async def test_chunked_and_expect_continue_uploads_go_to_aiohttp_and_are_forwarded_whole(
@@ -152,8 +149,7 @@ async def test_chunked_and_expect_continue_uploads_go_to_aiohttp_and_are_forward
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         half = len(BODY) // 2
         chunks = f"{half:x}\r\n".encode() + BODY[:half] + f"\r\n{len(BODY) - half:x}\r\n".encode()
         chunks += BODY[half:] + b"\r\n0\r\n\r\n"
@@ -163,18 +159,13 @@ async def test_chunked_and_expect_continue_uploads_go_to_aiohttp_and_are_forward
         assert status == 200
         assert worker.requests[-1]["raw"] == BODY
         assert door(router).handed_over == 1 and door(router).served == 0
-    finally:
-        conn.close()
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         await conn.send(post(extra="Expect: 100-continue\r\n")[: -len(BODY)])
         status, _headers = await conn.head()
         assert status == 100
         await conn.send(BODY)
         status, _headers, _body = await conn.reply()
         assert status == 200 and worker.requests[-1]["raw"] == BODY
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize(
@@ -192,16 +183,13 @@ async def test_bad_heads_and_oversize_bodies_get_the_json_error_and_reach_no_wor
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url], max_payload_size=65536)
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         await conn.send(request_bytes)
         got, headers, body = await conn.reply()
         assert got == status, body
         assert headers["content-type"].startswith("application/json")
         assert orjson.loads(body)["error"]["code"] == status
         assert worker.requests == []
-    finally:
-        conn.close()
 
 
 async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_gets_408(
@@ -209,8 +197,7 @@ async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url], client_body_timeout_secs=0.5)
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         request = post()
         await conn.send(request[:-5])
         await asyncio.sleep(0.05)  # the rest comes in a later read; no timing is asserted
@@ -224,8 +211,6 @@ async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_
         assert b"not complete within 0.5 s" in body
         assert await conn.closed()
         assert len(worker.requests) == 1
-    finally:
-        conn.close()
 
 
 async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(
@@ -252,8 +237,7 @@ async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url])
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         worker.release.set()
         await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
         status, _headers, body = await conn.reply()
@@ -262,8 +246,6 @@ async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(
         await conn.send(post())
         assert (await conn.reply())[0] == 200
         assert door(router).served == 2
-    finally:
-        conn.close()
 
 
 async def test_program_requests_through_the_front_door_release_their_capacity(
@@ -274,8 +256,7 @@ async def test_program_requests_through_the_front_door_release_their_capacity(
     router = await make_router([worker.url], {"token_capacity_per_dp_rank": 100000})
     context = orjson.dumps({"task_id": "t1", "agent_id": "a"}).decode()
     fields: dict[str, Any] = {"model": "model-a", "prompt": "hi", "vllm_xargs": {"agentic_context": context}}
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         for _ in range(3):
             await conn.send(post(orjson.dumps(fields), "/v1/completions"))
             assert (await conn.reply())[0] == 200
@@ -292,8 +273,6 @@ async def test_program_requests_through_the_front_door_release_their_capacity(
             while await _in_flight(conn):
                 await asyncio.sleep(0.02)
         assert door(router).served == 4
-    finally:
-        conn.close()
 
 
 async def _in_flight(conn: Conn) -> int:
@@ -308,14 +287,11 @@ async def _in_flight(conn: Conn) -> int:
 async def test_stop_closes_idle_front_connections(make_worker: WorkerFactory) -> None:
     worker = await make_worker()
     router = await start_router(router_config([worker.url]))
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         await conn.send(post())
         assert (await conn.reply())[0] == 200
         await router.stop()
         assert await conn.closed()
-    finally:
-        conn.close()
         await router.stop()
 
 
@@ -350,8 +326,7 @@ async def test_a_refusal_before_the_body_is_in_drops_the_rest_and_keeps_or_ends_
     worker = await make_worker()
     router = await make_router([worker.url], client_api_keys=["sesame"])
     key = "Authorization: Bearer sesame\r\n"
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         router.state.draining = True  # the drain's 503 keeps the connection
         request = post(extra=key)
         await conn.send(request[:-5])
@@ -367,8 +342,6 @@ async def test_a_refusal_before_the_body_is_in_drops_the_rest_and_keeps_or_ends_
         await conn.send(BODY[-5:])
         assert await conn.closed()
         assert len(worker.requests) == 1
-    finally:
-        conn.close()
 
 
 def test_the_front_door_is_on_by_default_and_the_flag_turns_it_off() -> None:
@@ -384,14 +357,11 @@ async def test_with_the_front_door_off_aiohttp_serves_every_route(
     worker = await make_worker()
     router = await make_router([worker.url], front_door=False)
     assert router.front_door is None
-    conn = await Conn.open(router)
-    try:
+    async with await Conn.open(router) as conn:
         await conn.send(post())
         status, headers, _body = await conn.reply()
         assert status == 200 and headers["x-request-id"].startswith("chatcmpl-")
         assert [r["raw"] for r in worker.requests] == [BODY]
-    finally:
-        conn.close()
 
 
 async def test_a_large_stream_to_a_client_that_reads_late_arrives_whole(make_router: RouterFactory) -> None:
@@ -420,8 +390,7 @@ async def test_a_large_stream_to_a_client_that_reads_late_arrives_whole(make_rou
     runner, url = await serve_app(app)
     try:
         router = await make_router([url])
-        conn = await Conn.open(router)
-        try:
+        async with await Conn.open(router) as conn:
             await conn.send(post())
             status, _headers = await conn.head()
             assert status == 200
@@ -437,7 +406,5 @@ async def test_a_large_stream_to_a_client_that_reads_late_arrives_whole(make_rou
                 body += await conn.reader.readexactly(size)
                 await conn.reader.readexactly(2)
             assert body == chunk * chunks and sum(written) == len(body)
-        finally:
-            conn.close()
     finally:
         await runner.cleanup()
