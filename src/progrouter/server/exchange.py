@@ -14,8 +14,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 
-class Inbound(Protocol):
-    """What the edge's checks read of a request (``web.BaseRequest`` has exactly these)."""
+class Head(Protocol):
+    """What every reader of a client request sees: its method, path and headers."""
 
     @property
     def method(self) -> str: ...
@@ -23,6 +23,11 @@ class Inbound(Protocol):
     def path(self) -> str: ...
     @property
     def headers(self) -> CIMultiDictProxy[str]: ...
+
+
+class Inbound(Head, Protocol):
+    """What the edge's checks read of a request (``web.BaseRequest`` has exactly these)."""
+
     @property
     def raw_headers(self) -> tuple[tuple[bytes, bytes], ...]: ...
     @property
@@ -44,17 +49,11 @@ class Stream(Protocol):
 Answer = web.StreamResponse | Stream
 
 
-class Exchange(Protocol):
+class Exchange(Head, Protocol):
     """One proxied request: its head, its body (read whole by the edge), how to start a streamed answer."""
 
     @property
-    def method(self) -> str: ...
-    @property
-    def path(self) -> str: ...
-    @property
     def path_qs(self) -> str: ...
-    @property
-    def headers(self) -> CIMultiDictProxy[str]: ...
     @property
     def body(self) -> bytes: ...
     async def stream(self, status: int, headers: CIMultiDict[str]) -> Stream:
