@@ -92,11 +92,20 @@ def door(router: RunningRouter) -> FrontDoor:
     return front
 
 
-async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_same_connection(
-    make_worker: WorkerFactory, make_router: RouterFactory
-) -> None:
+Served = tuple[FakeWorker, RunningRouter]
+
+
+@pytest.fixture
+async def served(make_worker: WorkerFactory, make_router: RouterFactory) -> Served:
+    """One worker behind a router with the front door on (the default)."""
     worker = await make_worker()
-    router = await make_router([worker.url])
+    return worker, await make_router([worker.url])
+
+
+async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_same_connection(
+    served: Served,
+) -> None:
+    worker, router = served
     async with await Conn.open(router) as conn:
         for request, expected in ((post(), 200), (get("/health"), 200), (post(), 200), (get("/nope"), 404)):
             await conn.send(request)
@@ -110,10 +119,9 @@ async def test_hot_requests_are_served_here_and_a_bodiless_get_is_lent_on_the_sa
 
 
 async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_answered_in_order(
-    make_worker: WorkerFactory, make_router: RouterFactory
+    served: Served,
 ) -> None:
-    worker = await make_worker()
-    router = await make_router([worker.url])
+    _, router = served
     async with await Conn.open(router) as conn:
         bad = b'{"model": '
         await conn.send(post() + get("/liveness") + post(bad) + post(path="/v1/completions"))
@@ -124,11 +132,8 @@ async def test_requests_pipelined_in_one_read_go_to_aiohttp_together_and_are_ans
         assert door(router).handed_over == 1 and door(router).served == 0
 
 
-async def test_requests_sent_while_one_is_answered_wait_their_turn(
-    make_worker: WorkerFactory, make_router: RouterFactory
-) -> None:
-    worker = await make_worker()
-    router = await make_router([worker.url])
+async def test_requests_sent_while_one_is_answered_wait_their_turn(served: Served) -> None:
+    worker, router = served
     async with await Conn.open(router) as conn:
         await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
         await asyncio.wait_for(worker.received.wait(), 10)
@@ -145,10 +150,9 @@ async def test_requests_sent_while_one_is_answered_wait_their_turn(
 
 
 async def test_chunked_and_expect_continue_uploads_go_to_aiohttp_and_are_forwarded_whole(
-    make_worker: WorkerFactory, make_router: RouterFactory
+    served: Served,
 ) -> None:
-    worker = await make_worker()
-    router = await make_router([worker.url])
+    worker, router = served
     async with await Conn.open(router) as conn:
         half = len(BODY) // 2
         chunks = f"{half:x}\r\n".encode() + BODY[:half] + f"\r\n{len(BODY) - half:x}\r\n".encode()
@@ -213,11 +217,8 @@ async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_
         assert len(worker.requests) == 1
 
 
-async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(
-    make_worker: WorkerFactory, make_router: RouterFactory
-) -> None:
-    worker = await make_worker()
-    router = await make_router([worker.url])
+async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(served: Served) -> None:
+    worker, router = served
     conn = await Conn.open(router)
     await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
     status, headers = await conn.head()
@@ -232,11 +233,8 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(
             await asyncio.sleep(0.01)
 
 
-async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(
-    make_worker: WorkerFactory, make_router: RouterFactory
-) -> None:
-    worker = await make_worker()
-    router = await make_router([worker.url])
+async def test_a_stream_is_relayed_whole_in_chunks_and_the_connection_is_kept(served: Served) -> None:
+    worker, router = served
     async with await Conn.open(router) as conn:
         worker.release.set()
         await conn.send(post(orjson.dumps({"model": "model-a", "test_mode": "sse", "stream": True})))
