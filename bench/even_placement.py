@@ -26,8 +26,6 @@ from progrouter.routing.target import expand_targets
 from progrouter.sim.ranks import SIM_ENGINE_URL, FleetSpec
 from progrouter.workload.trace import Trace, TraceTask, program_id
 
-_build_trace = fleet_sim.build_trace
-
 
 def rank_of(session: str, ranks: int) -> int:
     """The Rank consistent hashing gives a session in the simulator (native's policy, native's key)."""
@@ -62,9 +60,8 @@ def spread(trace: Trace, ranks: int) -> Trace:
 
 
 def build_spread_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Trace:
-    return spread(_build_trace(agents, seed, reserve, fleet), fleet.ranks)
+    return spread(fleet_sim.build_trace(agents, seed, reserve, fleet), fleet.ranks)
 
 
 if __name__ == "__main__":
-    fleet_sim.build_trace = build_spread_trace
-    fleet_sim.main()
+    fleet_sim.main(build_spread_trace)

@@ -76,6 +76,9 @@ def build_trace(agents: int, seed: int, reserve: float, fleet: FleetSpec) -> Tra
     return trace
 
 
+TraceBuilder = Callable[[int, int, float, FleetSpec], Trace]
+
+
 def build_arms(
     names: list[str],
     profile: EngineProfile,
@@ -289,7 +292,8 @@ def fleet_spec(
     )
 
 
-def main() -> None:
+def main(build: TraceBuilder = build_trace) -> None:
+    """The bench; ``build`` makes each point's trace (bench/even_placement.py passes its own)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="h200-llama-8b", help=f"{', '.join(BUILTIN)} or a calibration.json")
     ap.add_argument("--ranks", type=int, default=16)
@@ -324,9 +328,9 @@ def main() -> None:
     )
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.agents_per_rank:
-        sweep(args, profile, fleet, names)
+        sweep(args, profile, fleet, names, build)
         return
-    rows, samplers = run_point(args, profile, fleet, names, args.agents, args.seed)
+    rows, samplers = run_point(args, profile, fleet, names, args.agents, args.seed, build)
     print_table(rows)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -342,10 +346,11 @@ def run_point(
     names: list[str],
     agents: int,
     seed: int,
+    build: TraceBuilder = build_trace,
 ) -> tuple[list[dict[str, Any]], dict[str, Samples]]:
     """Every arm on one trace of ``agents`` concurrent sessions."""
     started, cpu, children = time.perf_counter(), time.process_time(), children_cpu()
-    trace = build_trace(agents, seed, args.reserve, fleet)
+    trace = build(agents, seed, args.reserve, fleet)
     print(
         f"trace: {len(trace.tasks)} sessions, {trace.num_requests} requests, generated in "
         f"{time.perf_counter() - started:.1f} wall s, {time.process_time() - cpu:.1f} CPU s; fleet: "
@@ -415,13 +420,19 @@ def children_cpu() -> float:
     return times.children_user + times.children_system
 
 
-def sweep(args: argparse.Namespace, profile: EngineProfile, fleet: FleetSpec, names: list[str]) -> None:
+def sweep(
+    args: argparse.Namespace,
+    profile: EngineProfile,
+    fleet: FleetSpec,
+    names: list[str],
+    build: TraceBuilder = build_trace,
+) -> None:
     """Offered load (agents per Rank) × seeds: per load and arm, the seeds' mean of each figure."""
     table: list[dict[str, Any]] = []
     for load in (float(x) for x in args.agents_per_rank.split(",")):
         per_arm: dict[str, list[dict[str, Any]]] = {}
         for seed in (int(x) for x in args.seeds.split(",")):
-            rows, _ = run_point(args, profile, fleet, names, round(load * fleet.ranks), seed)
+            rows, _ = run_point(args, profile, fleet, names, round(load * fleet.ranks), seed, build)
             for row in rows:
                 per_arm.setdefault(row["arm"], []).append(row)
         native = per_arm.get("native")
