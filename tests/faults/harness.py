@@ -49,6 +49,10 @@ ROUTER = {
     "health_failure_threshold": 1,
     "health_success_threshold": 1,
     "prometheus_port": 0,
+    # A killed worker can fail ten requests before the health check notices, which opens its circuit; an
+    # open circuit keeps its Ranks out of Program placement for this long (upstream's rule), so the end
+    # state check_invariants waits for (every worker back in the scheduler) is reached within its window.
+    "cb_timeout_duration_secs": 2.0,
 }
 SLACK = 1.0  # scheduling slack on a loaded 2-core machine, on top of every bound
 
