@@ -228,7 +228,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         core = self.scheduler._core
         assert len(core.pool) == len(self.retained)
         for handle in self.retained.values():
-            assert core.pool.get(handle) is not None
+            assert core.pool.retained(handle.id) is not None
         assert not set(self.retained) & set(self.resolved)
 
     @invariant()

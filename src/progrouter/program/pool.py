@@ -95,9 +95,14 @@ class RequestPool:
         """The Program a retained request belongs to, or None if it is no longer retained."""
         return self._owner.get(handle.id)
 
-    def get(self, handle: RequestHandle) -> PendingRequest | None:
-        program = self._owner.get(handle.id)
-        return None if program is None else self._fifos[program].get(handle.id)
+    def holds(self, handle_id: int) -> bool:
+        """Whether the request with this handle id is still retained."""
+        return handle_id in self._owner
+
+    def retained(self, handle_id: int) -> PendingRequest | None:
+        """The retained request with this handle id, if it still is."""
+        program = self._owner.get(handle_id)
+        return None if program is None else self._fifos[program].get(handle_id)
 
     def remove(self, handle: RequestHandle) -> tuple[PendingRequest, bool] | None:
         """Take a retained request out from anywhere; returns it and whether it was the front."""

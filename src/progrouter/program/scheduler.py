@@ -208,8 +208,8 @@ class ProgramScheduler:
         else:
             wait(core, program, now)
         self._decide(now)
-        if core.pool.get(handle) is not None:  # still retained: it may time out
-            core.timers.add(deadline, TimerKind.QUEUE_TIMEOUT, handle)
+        if core.pool.holds(handle.id):  # still retained: it may time out
+            core.timers.add(deadline, TimerKind.QUEUE_TIMEOUT, handle.id)
         return handle
 
     def _retain(self, program: Program, request: ProgramRequest, now: float) -> tuple[RequestHandle, float]:
@@ -379,8 +379,8 @@ class ProgramScheduler:
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
         core = self._core
         if kind is TimerKind.QUEUE_TIMEOUT:
-            assert isinstance(payload, RequestHandle)
-            return core.pool.owner(payload) is not None
+            assert isinstance(payload, int)
+            return core.pool.holds(payload)
         if kind is TimerKind.OBSERVATION_STALE:
             assert isinstance(payload, str)
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
@@ -407,10 +407,10 @@ class ProgramScheduler:
         due = timers.pop_due(now)
         if not due:
             return
-        timeouts: list[RequestHandle] = []
+        timeouts: list[int] = []  # request handle ids
         for when, kind, payload in due:
             if kind is TimerKind.QUEUE_TIMEOUT:
-                assert isinstance(payload, RequestHandle)
+                assert isinstance(payload, int)
                 timeouts.append(payload)
             elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
@@ -429,11 +429,11 @@ class ProgramScheduler:
                 else:
                     on_force_timer(core, payload, now)
         self._decide(now)
-        for handle in timeouts:
-            request = core.pool.get(handle)
+        for handle_id in timeouts:
+            request = core.pool.retained(handle_id)
             if request is not None and request.queue_deadline <= now:
-                self._withdraw(handle, now)
-                core.outcomes.append(TimedOut(handle))
+                self._withdraw(request.handle, now)
+                core.outcomes.append(TimedOut(request.handle))
         self._decide(now)
 
     def _decide(self, now: float) -> None:

@@ -8,6 +8,11 @@ its due time moves later, the earlier entry fires, finds the new time and re-arm
 and queue again and again never pile entries up. A Program's entries hold only its serial: the Program is
 kept here while it has a pending entry, and its release lets go of it at once (``forget``), however long
 its entries take to surface.
+
+Heap entries hold atomic values only — the due time, the kind's number, a sequence number and a Program's
+serial, a request handle's id or a target id — so the cyclic garbage collector stops tracking each entry
+after its first collection instead of traversing the tens of thousands of them at every older-generation
+pass.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ Due = tuple[float, TimerKind, object]
 
 #: kinds whose entries are a Program's (the heap holds its serial)
 PROGRAM_KINDS = frozenset({TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION, TimerKind.FORCE_RESUME})
+_KINDS = tuple(TimerKind)  # by number: the heap keeps the plain int (an enum member would keep it tracked)
 
 
 class Timers:
     __slots__ = ("_floor", "_heap", "_programs", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, TimerKind, int, object]] = []  # kind orders as its int
+        self._heap: list[tuple[float, int, int, int | str]] = []  # when, kind's number, sequence, payload
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
         self._programs: dict[int, Program] = {}  # serial -> a Program with a pending entry
@@ -50,8 +56,9 @@ class Timers:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, when: float, kind: TimerKind, payload: object) -> None:
-        heapq.heappush(self._heap, (when, kind, next(self._seq), payload))
+    def add(self, when: float, kind: TimerKind, payload: int | str) -> None:
+        """An entry about ``payload`` (a request handle's id, a target id: what ``pop_due`` hands back)."""
+        heapq.heappush(self._heap, (when, kind._value_, next(self._seq), payload))
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:
         """Make sure ``program`` hears from ``kind`` no later than ``when``."""
@@ -62,7 +69,7 @@ class Timers:
         due[kind] = when
         serial = program.serial
         self._programs[serial] = program
-        heapq.heappush(self._heap, (when, kind, next(self._seq), serial))
+        heapq.heappush(self._heap, (when, kind._value_, next(self._seq), serial))
 
     def forget(self, program: Program) -> None:
         """The Program was released: its entries no longer keep it (they are dropped as they surface)."""
@@ -78,9 +85,9 @@ class Timers:
             self._programs.pop(program.serial, None)
         return True
 
-    def _payload(self, kind: TimerKind, payload: object) -> object | None:
+    def _payload(self, kind: int, payload: int | str) -> object | None:
         """What an entry is about: its Program (None once forgotten) or the payload it was added with."""
-        return self._programs.get(payload) if kind in PROGRAM_KINDS else payload  # type: ignore[call-overload]
+        return self._programs.get(payload) if kind in PROGRAM_KINDS else payload  # type: ignore[arg-type]
 
     def pop_due(self, now: float) -> list[Due]:
         """Every entry due at ``now``, in (time, kind) order (a forgotten Program's are dropped)."""
@@ -90,7 +97,7 @@ class Timers:
             when, kind, _, payload = heapq.heappop(heap)
             item = self._payload(kind, payload)
             if item is not None:
-                out.append((when, kind, item))
+                out.append((when, _KINDS[kind], item))
         return out
 
     def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
@@ -103,7 +110,7 @@ class Timers:
         for entry in self._heap:
             when, kind, _, payload = entry
             item = of(kind, payload)
-            if item is not None and still_valid(when, kind, item):
+            if item is not None and still_valid(when, _KINDS[kind], item):
                 kept.append(entry)
         heapq.heapify(kept)
         self._heap = kept
@@ -112,12 +119,12 @@ class Timers:
     def _valid(
         self,
         when: float,
-        kind: TimerKind,
-        payload: object,
+        kind: int,
+        payload: int | str,
         still_valid: Callable[[float, TimerKind, object], bool],
     ) -> bool:
         item = self._payload(kind, payload)
-        return item is not None and still_valid(when, kind, item)
+        return item is not None and still_valid(when, _KINDS[kind], item)
 
     def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
         """The earliest entry that still matters, discarding stale ones from the top."""
