@@ -96,7 +96,7 @@ class RankView:
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
         self.active = active = len(rank.reasoning) + len(rank.acting)
-        self.count_fits = active + 1 <= config.max_active_programs_per_target  # the count guard
+        self.count_fits = count_fits(active, config)
         self.overflow_busy = rank.overflow is not None
         self.used = used
         capacity = config.token_capacity_per_dp_rank
@@ -229,6 +229,11 @@ class RankView:
                     [self._rank.protected(rounds)[1]],
                 )
         return self._reserve
+
+
+def count_fits(active: int, config: ProgramSchedulingConfig) -> bool:
+    """The count guard: ``active + 1 ≤ max_active_programs_per_target``."""
+    return active + 1 <= config.max_active_programs_per_target
 
 
 def largest_fitting(used: float, low: float) -> float:

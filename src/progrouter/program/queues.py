@@ -89,13 +89,14 @@ class RankQueue:
     long queue that cannot move costs O(blocks), not O(Programs).
     """
 
-    __slots__ = ("_blocks", "_len", "_maxes", "_programs", "pending")
+    __slots__ = ("_blocks", "_bounds", "_len", "_maxes", "_programs", "pending")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
         self._maxes: list[QueueKey] = []  # the last key of each block
         self._programs: dict[int, Program] = {}  # serial -> Program
         self._len = 0
+        self._bounds: tuple[int, int, float] | None = None  # ``bounds()``, until a least value leaves
         self.pending: dict[Program, None] = {}  # queued or re-keyed since the last scheduling pass
 
     def __len__(self) -> int:
@@ -107,6 +108,14 @@ class RankQueue:
         self._programs[key[-1]] = program
         self._len += 1
         self.pending[program] = None
+        bounds = self._bounds
+        if bounds is not None:
+            required, uncached, forced_at = bounds
+            self._bounds = (
+                min(required, entry.required),
+                min(uncached, entry.uncached),
+                min(forced_at, entry.forced_at),
+            )
         blocks, maxes = self._blocks, self._maxes
         if not blocks:
             blocks.append(_Block([key], [entry.required], [entry.uncached], [entry.forced_at]))
@@ -130,6 +139,11 @@ class RankQueue:
         self._len -= 1
         self.pending.pop(program, None)
         program.queue_entry = None
+        bounds = self._bounds
+        if bounds is not None and (
+            entry.required == bounds[0] or entry.uncached == bounds[1] or entry.forced_at == bounds[2]
+        ):
+            self._bounds = None
         if len(block.keys) == 1:
             del self._blocks[i]
             del self._maxes[i]
@@ -168,7 +182,9 @@ class RankQueue:
 
     def bounds(self) -> tuple[int, int, float]:
         """The least demand, least uncached context and earliest force deadline of the whole queue (its
-        blocks' bounds; 0, 0, inf when empty)."""
+        blocks' bounds; 0, 0, inf when empty), kept until an entry holding one of them leaves."""
+        if self._bounds is not None:
+            return self._bounds
         blocks = self._blocks
         if not blocks:
             return 0, 0, math.inf
@@ -181,7 +197,8 @@ class RankQueue:
                 uncached = block.uncached
             if block.forced_at < forced_at:
                 forced_at = block.forced_at
-        return required, uncached, forced_at
+        self._bounds = (required, uncached, forced_at)
+        return self._bounds
 
     def min_required(self) -> int:
         """The least demand among the queued Programs (0 when empty)."""

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig, ResumeOrder
 from progrouter.program import lifecycle, migration, residency, warmup
-from progrouter.program.admission import AdmissionPlan, Rejection, plan, rank_view, uncached_tokens
+from progrouter.program.admission import (
+    AdmissionPlan,
+    Rejection,
+    count_fits,
+    plan,
+    rank_view,
+    uncached_tokens,
+)
 from progrouter.program.dispatch import dispatch_retained
 from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
@@ -340,10 +347,17 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
     while queue is not None and len(queue):
         if full:
             queue.pending.clear()
+            forced_waiting = queue.bounds()[2] <= now
         else:
             pending = queue.take_pending()
-            if not pending or _refused_as_before(core, target_id, pending, now):
+            if not pending:
                 return
+            entries = [entry for program in pending if (entry := program.queue_entry) is not None]
+            forced_waiting = any(entry.forced_at <= now for entry in entries)
+        if _count_refuses_all(core, target_id, forced_waiting):
+            return
+        if not full and _refused_as_before(core, target_id, pending, now):
+            return
         agenda.settled(target_id)
         view = rank_view(core, target_id, now)
         agenda.examined(view)
@@ -357,7 +371,6 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
                 return  # then every block is: nobody can be admitted
             candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
-            entries = [entry for program in pending if (entry := program.queue_entry) is not None]
             candidates = _screened(view, entries, now, unforced_possible, math.inf)
         for key in candidates:
             program = queue.program(key)
@@ -370,6 +383,16 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         else:
             return
         full = True  # the commit changed the Rank: everyone is a candidate again
+
+
+def _count_refuses_all(core: Scheduling, target_id: str, forced_waiting: bool) -> bool:
+    """Whether the count guard alone refuses every candidate, so the pass needs no ``RankView``: it refuses
+    every unforced one whatever the Rank's other facts, and a forced one passes a refusal only while the
+    Rank holds no admission past its limits (``plan``). ``forced_waiting``: a candidate's deadline passed.
+    (A full Rank's common case: the pass after an admission, an arrival behind it.)"""
+    rank = core.table.rank(target_id)
+    unforced_refused = not count_fits(rank.active_count, core.config)
+    return unforced_refused and (not forced_waiting or rank.overflow is not None)
 
 
 def _refused_as_before(core: Scheduling, target_id: str, pending: list[Program], now: float) -> bool:
