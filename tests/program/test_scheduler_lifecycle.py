@@ -422,7 +422,7 @@ def test_a_released_program_is_let_go_by_the_timers_at_once(harness: Any) -> Non
     held = list(core.timers._programs.values())
     assert len(held) == 2 and all(core.table.lookup(p.ref) is p for p in held)
     assert len(core.timers) >= 20  # the released Programs' entries are still queued (as serials)
-    payloads = [entry[3] for entry in core.timers._heap]
+    payloads = list(core.timers._payloads.values())
     assert not [p for p in payloads if isinstance(p, Program) and core.table.lookup(p.ref) is not p]
     h.tick(h.now + 1801.0)
     assert len(core.table) == 0 and not core.timers._programs

@@ -9,16 +9,18 @@ and queue again and again never pile entries up. A Program's entries hold only i
 kept here while it has a pending entry, and its release lets go of it at once (``forget``), however long
 its entries take to surface.
 
-Heap entries hold atomic values only — the due time, the kind's number, a sequence number and a Program's
-serial, a request handle's id or a target id — so the cyclic garbage collector stops tracking each entry
-after its first collection instead of traversing the tens of thousands of them at every older-generation
-pass.
+A heap entry is one int, ``(when, kind, sequence)`` packed so that ints order as those tuples do, and its
+payload (a Program's serial, a request handle's id, a target id) and due time sit in two dicts under its
+sequence number. Nothing an entry needs is an object the cyclic garbage collector tracks: the entries that
+wait for minutes (queue timeouts, retention, force deadlines), most of them long moot, no longer count
+towards its collections, and those had been nearly all the growth that set them off.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import struct
 from collections.abc import Callable
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -41,14 +43,29 @@ Due = tuple[float, TimerKind, object]
 
 #: kinds whose entries are a Program's (the heap holds its serial)
 PROGRAM_KINDS = frozenset({TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION, TimerKind.FORCE_RESUME})
-_KINDS = tuple(TimerKind)  # by number: the heap keeps the plain int (an enum member would keep it tracked)
+_KINDS = tuple(TimerKind)  # by number
+
+_F64 = struct.Struct(">d")
+_SIGN = 1 << 63
+_BITS = (1 << 64) - 1
+_LOW = 67  # an entry's low bits: its kind (3 bits) above its sequence number (64 bits)
+_SEQUENCE = (1 << 64) - 1
+
+
+def _order(when: float) -> int:
+    """A non-negative int that orders as ``when`` does (its IEEE 754 bits, negative values flipped; −0.0
+    counts as 0.0, as it compares)."""
+    bits = int.from_bytes(_F64.pack(when + 0.0), "big")
+    return bits ^ _BITS if bits & _SIGN else bits | _SIGN
 
 
 class Timers:
-    __slots__ = ("_floor", "_heap", "_programs", "_seq")
+    __slots__ = ("_floor", "_heap", "_payloads", "_programs", "_seq", "_whens")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, int | str]] = []  # when, kind's number, sequence, payload
+        self._heap: list[int] = []  # _order(when) << _LOW | kind << 64 | sequence
+        self._whens: dict[int, float] = {}  # sequence -> due time
+        self._payloads: dict[int, int | str] = {}  # sequence -> serial, handle id or target id
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
         self._programs: dict[int, Program] = {}  # serial -> a Program with a pending entry
@@ -56,9 +73,20 @@ class Timers:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def _push(self, when: float, kind: TimerKind, payload: int | str) -> None:
+        seq = next(self._seq)
+        self._whens[seq] = when
+        self._payloads[seq] = payload
+        heapq.heappush(self._heap, _order(when) << _LOW | kind._value_ << 64 | seq)
+
+    def _take(self, entry: int) -> tuple[float, int, int | str]:
+        """Forget a popped or dropped entry: its due time, kind's number and payload."""
+        seq = entry & _SEQUENCE
+        return self._whens.pop(seq), entry >> 64 & 7, self._payloads.pop(seq)
+
     def add(self, when: float, kind: TimerKind, payload: int | str) -> None:
         """An entry about ``payload`` (a request handle's id, a target id: what ``pop_due`` hands back)."""
-        heapq.heappush(self._heap, (when, kind._value_, next(self._seq), payload))
+        self._push(when, kind, payload)
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:
         """Make sure ``program`` hears from ``kind`` no later than ``when``."""
@@ -69,7 +97,7 @@ class Timers:
         due[kind] = when
         serial = program.serial
         self._programs[serial] = program
-        heapq.heappush(self._heap, (when, kind._value_, next(self._seq), serial))
+        self._push(when, kind, serial)
 
     def forget(self, program: Program) -> None:
         """The Program was released: its entries no longer keep it (they are dropped as they surface)."""
@@ -93,8 +121,11 @@ class Timers:
         """Every entry due at ``now``, in (time, kind) order (a forgotten Program's are dropped)."""
         heap = self._heap
         out: list[Due] = []
-        while heap and heap[0][0] <= now:
-            when, kind, _, payload = heapq.heappop(heap)
+        if not heap:
+            return out
+        bound = (_order(now) + 1) << _LOW  # every entry due at or before now orders below
+        while heap and heap[0] < bound:
+            when, kind, payload = self._take(heapq.heappop(heap))
             item = self._payload(kind, payload)
             if item is not None:
                 out.append((when, _KINDS[kind], item))
@@ -106,32 +137,28 @@ class Timers:
         retention, a cancelled wait) would otherwise stay referenced until then."""
         if len(self._heap) <= 2 * self._floor + 1024:
             return
-        kept, of = [], self._payload
+        kept, whens, payloads = [], self._whens, self._payloads
         for entry in self._heap:
-            when, kind, _, payload = entry
-            item = of(kind, payload)
-            if item is not None and still_valid(when, _KINDS[kind], item):
+            seq = entry & _SEQUENCE
+            kind = entry >> 64 & 7
+            item = self._payload(kind, payloads[seq])
+            if item is not None and still_valid(whens[seq], _KINDS[kind], item):
                 kept.append(entry)
+            else:
+                del whens[seq], payloads[seq]
         heapq.heapify(kept)
         self._heap = kept
         self._floor = len(self._heap)
-
-    def _valid(
-        self,
-        when: float,
-        kind: int,
-        payload: int | str,
-        still_valid: Callable[[float, TimerKind, object], bool],
-    ) -> bool:
-        item = self._payload(kind, payload)
-        return item is not None and still_valid(when, _KINDS[kind], item)
 
     def next_time(self, still_valid: Callable[[float, TimerKind, object], bool]) -> float | None:
         """The earliest entry that still matters, discarding stale ones from the top."""
         heap = self._heap
         while heap:
-            when, kind, _, payload = heap[0]
-            if self._valid(when, kind, payload, still_valid):
+            seq = heap[0] & _SEQUENCE
+            kind = heap[0] >> 64 & 7
+            when = self._whens[seq]
+            item = self._payload(kind, self._payloads[seq])
+            if item is not None and still_valid(when, _KINDS[kind], item):
                 return when
-            heapq.heappop(heap)
+            self._take(heapq.heappop(heap))
         return None
