@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from progrouter.program.pool import RequestHandle
@@ -12,9 +11,9 @@ from progrouter.program.types import ProgramIdentity, RequestHints
 from progrouter.routing.target import Target
 
 
-@dataclass(frozen=True, slots=True)
-class ProgramRequest:
-    """A request with Program identity. ``routing_text`` is only kept for ``cache_aware`` binding."""
+class ProgramRequest(NamedTuple):
+    """A request with Program identity. ``routing_text`` is only kept for ``cache_aware`` binding. (A
+    tuple: one is made per request.)"""
 
     identity: ProgramIdentity
     hints: RequestHints
@@ -42,14 +41,14 @@ class ProgramDispatch(NamedTuple):
     placement_start_request: bool  # the first request of this placement (a segment may start here)
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatched:
+class Dispatched(NamedTuple):
+    """The request goes to its Rank now (a tuple: one is made per request)."""
+
     handle: RequestHandle
     dispatch: ProgramDispatch
 
 
-@dataclass(frozen=True, slots=True)
-class TimedOut:
+class TimedOut(NamedTuple):
     """The request stayed in the RequestPool past its queue timeout: answer 429 (``QueueTimeout``)."""
 
     handle: RequestHandle
