@@ -45,7 +45,8 @@ Due = tuple[float, TimerKind, object]
 PROGRAM_KINDS = frozenset({TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION, TimerKind.FORCE_RESUME})
 _KINDS = tuple(TimerKind)  # by number
 
-_F64 = struct.Struct(">d")
+_F64 = struct.Struct(">d").pack
+_U64 = struct.Struct(">Q").unpack
 _SIGN = 1 << 63
 _BITS = (1 << 64) - 1
 _LOW = 67  # an entry's low bits: its kind (3 bits) above its sequence number (64 bits)
@@ -55,7 +56,7 @@ _SEQUENCE = (1 << 64) - 1
 def _order(when: float) -> int:
     """A non-negative int that orders as ``when`` does (its IEEE 754 bits, negative values flipped; −0.0
     counts as 0.0, as it compares)."""
-    bits = int.from_bytes(_F64.pack(when + 0.0), "big")
+    bits: int = _U64(_F64(when + 0.0))[0]
     return bits ^ _BITS if bits & _SIGN else bits | _SIGN
 
 
