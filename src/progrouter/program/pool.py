@@ -3,6 +3,11 @@
 One FIFO per Program generation; only its front request can be dispatched, and the front request's hints
 (priority, deadline) are what resume ordering sees. A request can leave from any position (its client went
 away, or its queue timeout passed). The pool only keeps requests; it decides nothing.
+
+It also keeps the queue deadlines of retained requests in arrival order, as long as that is deadline order
+(every deadline is arrival + the queue timeout unless a shorter ``deadline_seconds`` hint makes it earlier:
+such a request is left to the scheduler's timers). A request leaving takes its deadline with it, so the
+queue timeouts of requests dispatched long before them never wait in the timer heap.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class RequestPool:
     def __init__(self) -> None:
         self._fifos: dict[Program, OrderedDict[int, PendingRequest]] = {}
         self._owner: dict[int, Program] = {}
+        self._deadlines: dict[int, float] = {}  # handle id -> queue deadline, non-decreasing (see ``push``)
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
@@ -61,12 +67,34 @@ class RequestPool:
         ref = program.ref
         return RequestHandle(next(self._ids), ref.model_pool, ref.program_id, ref.generation)
 
-    def push(self, program: Program, request: PendingRequest) -> None:
+    def push(self, program: Program, request: PendingRequest) -> bool:
+        """Retain ``request``; returns whether the pool keeps its queue deadline in order (``expired``), which
+        it does unless the deadline is earlier than the last one kept."""
+        handle_id = request.handle.id
         fifo = self._fifos.get(program)
         if fifo is None:
             fifo = self._fifos[program] = OrderedDict()
-        fifo[request.handle.id] = request
-        self._owner[request.handle.id] = program
+        fifo[handle_id] = request
+        self._owner[handle_id] = program
+        deadlines, deadline = self._deadlines, request.queue_deadline
+        if deadlines and deadline < next(reversed(deadlines.values())):
+            return False
+        deadlines[handle_id] = deadline
+        return True
+
+    def expired(self, now: float) -> list[tuple[float, int]]:
+        """(deadline, handle id) of the requests whose deadline the pool keeps and which is at or before
+        ``now``, earliest first."""
+        out = []
+        for handle_id, deadline in self._deadlines.items():
+            if deadline > now:
+                break
+            out.append((deadline, handle_id))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest queue deadline the pool keeps."""
+        return next(iter(self._deadlines.values()), None)
 
     def waiting(self, program: Program) -> int:
         fifo = self._fifos.get(program)
@@ -85,8 +113,9 @@ class RequestPool:
     def pop_front(self, program: Program) -> PendingRequest:
         """Take the front request out for dispatch."""
         fifo = self._fifos[program]
-        _, request = fifo.popitem(last=False)
-        del self._owner[request.handle.id]
+        handle_id, request = fifo.popitem(last=False)
+        del self._owner[handle_id]
+        self._deadlines.pop(handle_id, None)
         if not fifo:
             del self._fifos[program]
         return request
@@ -109,6 +138,7 @@ class RequestPool:
         program = self._owner.pop(handle.id, None)
         if program is None:
             return None
+        self._deadlines.pop(handle.id, None)
         fifo = self._fifos[program]
         was_front = next(iter(fifo)) == handle.id
         request = fifo.pop(handle.id)

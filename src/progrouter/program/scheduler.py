@@ -197,7 +197,7 @@ class ProgramScheduler:
             program = core.table.materialize(now, request.model_pool, request.identity, home)
         lifecycle.arrived(core, program, request, now, new=new)
         residency.on_arrival(core, program, request, now)
-        handle, deadline = self._retain(program, request, now)
+        handle, timer_deadline = self._retain(program, request, now)
         home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
         if not program.active and request.model_pool not in core.target_pools.get(home or "", ()):
             self._rebind(program, now)
@@ -208,19 +208,22 @@ class ProgramScheduler:
         else:
             wait(core, program, now)
         self._decide(now)
-        if core.pool.holds(handle.id):  # still retained: it may time out
-            core.timers.add(deadline, TimerKind.QUEUE_TIMEOUT, handle.id)
+        if timer_deadline is not None and core.pool.holds(handle.id):  # still retained: it may time out
+            core.timers.add(timer_deadline, TimerKind.QUEUE_TIMEOUT, handle.id)
         return handle
 
-    def _retain(self, program: Program, request: ProgramRequest, now: float) -> tuple[RequestHandle, float]:
-        """Keep the request in the pool until its Program dispatches it; returns its handle and deadline."""
+    def _retain(
+        self, program: Program, request: ProgramRequest, now: float
+    ) -> tuple[RequestHandle, float | None]:
+        """Keep the request in the pool until its Program dispatches it; returns its handle and, unless the
+        pool keeps its queue deadline in order, that deadline (a timer's)."""
         core = self._core
         hints = request.hints
         timeout = self.config.queue_timeout_seconds
         if hints.deadline_seconds is not None:
             timeout = min(timeout, hints.deadline_seconds)
         handle = core.pool.new_handle(program)
-        core.pool.push(
+        in_order = core.pool.push(
             program,
             PendingRequest(
                 handle=handle,
@@ -231,7 +234,7 @@ class ProgramScheduler:
                 queue_deadline=now + timeout,
             ),
         )
-        return handle, now + timeout
+        return handle, None if in_order else now + timeout
 
     def cancel(self, now: float, handle: RequestHandle) -> None:
         """The client of a retained request went away; a dispatched request is ``complete``d instead."""
@@ -363,7 +366,10 @@ class ProgramScheduler:
         return outcomes
 
     def next_deadline(self) -> float | None:
-        return self._core.timers.next_time(self._timer_valid)
+        core = self._core
+        timer = core.timers.next_time(self._timer_valid)
+        pooled = core.pool.next_deadline()  # the queue timeouts the pool keeps in order
+        return pooled if timer is None else timer if pooled is None else min(timer, pooled)
 
     def diagnostics(
         self, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE
@@ -405,13 +411,13 @@ class ProgramScheduler:
         timers = core.timers
         timers.compact(self._timer_valid)
         due = timers.pop_due(now)
-        if not due:
+        timeouts = core.pool.expired(now)  # (deadline, handle id): the pool's, and the timers' below
+        if not due and not timeouts:
             return
-        timeouts: list[int] = []  # request handle ids
         for when, kind, payload in due:
             if kind is TimerKind.QUEUE_TIMEOUT:
                 assert isinstance(payload, int)
-                timeouts.append(payload)
+                timeouts.append((when, payload))
             elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
@@ -429,7 +435,8 @@ class ProgramScheduler:
                 else:
                     on_force_timer(core, payload, now)
         self._decide(now)
-        for handle_id in timeouts:
+        timeouts.sort()  # (time, arrival) order: a timer's sequence number is its request's arrival order
+        for _, handle_id in timeouts:
             request = core.pool.retained(handle_id)
             if request is not None and request.queue_deadline <= now:
                 self._withdraw(request.handle, now)

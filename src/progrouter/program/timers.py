@@ -5,9 +5,11 @@ dispatched before its queue timeout): the scheduler checks each due entry agains
 drops stale ones. ``next_deadline`` may therefore name a time at which nothing turns out to be due; that
 costs one early tick, never a missed one. A Program has at most one pending entry per kind (``arm``): when
 its due time moves later, the earlier entry fires, finds the new time and re-arms, so Programs that pause
-and queue again and again never pile entries up. A Program's entries hold only its serial: the Program is
-kept here while it has a pending entry, and its release lets go of it at once (``forget``), however long
-its entries take to surface.
+and queue again and again never pile entries up: an entry that is moot now (its Program was admitted before
+its force deadline, resumed before its retention ran out) stays its Program's pending one, and serves the
+next wait, pause or TTL as the earlier entry. A Program's entries hold only its serial: the Program is kept
+here while it has a pending entry, and its release lets go of it at once (``forget``), however long its
+entries take to surface.
 
 A heap entry is one int, ``(when, kind, sequence)`` packed so that ints order as those tuples do, and its
 payload (a Program's serial, a request handle's id, a target id) and due time sit in two dicts under its
@@ -134,16 +136,22 @@ class Timers:
 
     def compact(self, still_valid: Callable[[float, TimerKind, object], bool]) -> None:
         """Drop every stale entry once the heap has doubled since the last compaction (amortised O(1) per
-        entry), not only those at the top: Programs released long before their entries fall due (a capped
-        retention, a cancelled wait) would otherwise stay referenced until then."""
+        entry), not only those at the top: a Program's entry that is no longer its pending one (released,
+        re-armed earlier), and any other the scheduler finds moot (``still_valid``). A Program's pending
+        entry stays, moot or not: it is the one ``arm`` relies on (at most one per Program and kind)."""
         if len(self._heap) <= 2 * self._floor + 1024:
             return
-        kept, whens, payloads = [], self._whens, self._payloads
+        kept, whens, payloads, programs = [], self._whens, self._payloads, self._programs
         for entry in self._heap:
             seq = entry & _SEQUENCE
             kind = entry >> 64 & 7
-            item = self._payload(kind, payloads[seq])
-            if item is not None and still_valid(whens[seq], _KINDS[kind], item):
+            when, payload = whens[seq], payloads[seq]
+            if kind in PROGRAM_KINDS:
+                program = programs.get(payload)  # type: ignore[arg-type]
+                keep = program is not None and program.timer_due.get(kind) == when
+            else:
+                keep = still_valid(when, _KINDS[kind], payload)
+            if keep:
                 kept.append(entry)
             else:
                 del whens[seq], payloads[seq]
