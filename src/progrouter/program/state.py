@@ -235,6 +235,7 @@ class RankPrograms:
     """Per-Rank indexes kept in step with every transition, so nothing scans all Programs per event."""
 
     __slots__ = (
+        "_top",
         "acting",
         "attributed",
         "impacts",
@@ -254,29 +255,31 @@ class RankPrograms:
         # sum of their last cache-miss impacts per bucket: the growth reserve and batch gain read these.
         self.rounds = [0] * (max_rounds + 1)
         self.impacts = [0.0] * (max_rounds + 1)
+        self._top = max_rounds  # the last bucket
         self.reasoning_context = 0  # Σ estimated context of the Active+Reasoning Programs
         # The one Program a forced resume admitted past this Rank's limits; the next waits until it leaves.
         self.overflow: Program | None = None
 
-    def _bucket(self, program: Program) -> int:
-        rounds, top = program.rounds_since_activation, len(self.rounds) - 1
-        return rounds if rounds < top else top
-
     def _enter(self, program: Program) -> None:
-        b = self._bucket(program)
+        b, top = program.rounds_since_activation, self._top
+        if b > top:
+            b = top
         self.rounds[b] += 1
         self.impacts[b] += program.last_cache_miss_impact_seconds
 
     def _leave(self, program: Program) -> None:
-        b = self._bucket(program)
-        self.rounds[b] -= 1
-        self.impacts[b] = self.impacts[b] - program.last_cache_miss_impact_seconds if self.rounds[b] else 0.0
+        b, top = program.rounds_since_activation, self._top
+        if b > top:
+            b = top
+        rounds = self.rounds
+        rounds[b] -= 1
+        self.impacts[b] = self.impacts[b] - program.last_cache_miss_impact_seconds if rounds[b] else 0.0
 
     def protected(self, target_rounds: int) -> tuple[int, int, float]:
         """Over Active Programs with rounds left (rounds_since_activation < target_rounds): their count, the
         sum of their remaining rounds and the sum of their cache-miss impacts. O(target_rounds)."""
         count, remaining, impact = 0, 0, 0.0
-        for r in range(min(target_rounds, len(self.rounds) - 1)):
+        for r in range(min(target_rounds, self._top)):
             n = self.rounds[r]
             if n:
                 count += n
@@ -293,6 +296,20 @@ class RankPrograms:
         yield from self.acting
 
 
+class _Ranks(dict[str, RankPrograms]):
+    """Rank indexes by target id, each made on first use (a hit costs one dict lookup, no call)."""
+
+    __slots__ = ("_max_rounds",)
+
+    def __init__(self, max_rounds: int) -> None:
+        super().__init__()
+        self._max_rounds = max_rounds
+
+    def __missing__(self, target_id: str) -> RankPrograms:
+        ranks = self[target_id] = RankPrograms(self._max_rounds)
+        return ranks
+
+
 class ProgramTable:
     """The Programs of every model pool, their generations and per-Rank indexes."""
 
@@ -305,7 +322,7 @@ class ProgramTable:
         # returning id continues its numbering; older ones start again at 0 (epochs keep completions safe).
         self._fence_size = fence_size
         self._released: dict[tuple[str, str], int] = {}
-        self._ranks: dict[str, RankPrograms] = {}
+        self._ranks = _Ranks(max_rounds)
         self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
         self._serials = itertools.count()
         self._epochs = itertools.count(1)
@@ -326,10 +343,7 @@ class ProgramTable:
         return program if program is not None and program.ref.generation == ref.generation else None
 
     def rank(self, target_id: str) -> RankPrograms:
-        ranks = self._ranks.get(target_id)
-        if ranks is None:
-            ranks = self._ranks[target_id] = RankPrograms(self._max_rounds)
-        return ranks
+        return self._ranks[target_id]  # made on first use (``_Ranks``)
 
     def peek_rank(self, target_id: str) -> RankPrograms:
         """A Rank's indexes for reading only: an unknown Rank reads as empty and stays unknown."""
@@ -487,17 +501,19 @@ class ProgramTable:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
-        after = TRANSITIONS[event].get((program.state, program.status), _MISSING)
+        before_state, before_status = program.state, program.status
+        after = TRANSITIONS[event].get((before_state, before_status), _MISSING)
         if after is _MISSING:
-            raise IllegalTransition(f"{event} is not allowed from {program.state}+{program.status}")
+            raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
         if after is None:
             return
         assert isinstance(after, tuple)
-        before_state = program.state
         program.state, program.status = after
+        if after[1] is before_status or before_state is not ProgramState.ACTIVE:
+            return  # the Rank's Active indexes only change when an Active Program changes status
         target = program.placement
-        if target is not None and before_state is ProgramState.ACTIVE and after[0] is ProgramState.ACTIVE:
-            rank = self.rank(target)
+        if target is not None and after[0] is ProgramState.ACTIVE:
+            rank = self._ranks[target]
             if after[1] is ProgramStatus.REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
