@@ -343,15 +343,15 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
     target = program.placement
     assert target is not None
     ttl = max(0.0, ttl)
-    program.acting_ttl = ActingTTL(now, now + ttl)
     if core.observing:
         core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
         core.observer.event(
             "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
         )
     if ttl <= 0.0:
-        expire_ttl(core, program, now)
+        expire_ttl(core, program, now)  # (no ActingTTL record: the pause would drop it at once)
     else:
+        program.acting_ttl = ActingTTL(now, now + ttl)
         core.timers.arm(program, TimerKind.ACTING_TTL, now + ttl)
 
 

@@ -122,12 +122,9 @@ class Timers:
 
     def pop_due(self, now: float) -> list[Due]:
         """Every entry due at ``now``, in (time, kind) order (a forgotten Program's are dropped)."""
-        heap = self._heap
+        heap, whens = self._heap, self._whens
         out: list[Due] = []
-        if not heap:
-            return out
-        bound = (_order(now) + 1) << _LOW  # every entry due at or before now orders below
-        while heap and heap[0] < bound:
+        while heap and whens[heap[0] & _SEQUENCE] <= now:
             when, kind, payload = self._take(heapq.heappop(heap))
             item = self._payload(kind, payload)
             if item is not None:
