@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -532,13 +533,16 @@ def force_resume_timeout(
 
 
 def total_active_remaining_rounds(
-    target_rounds: float, reasoning: Iterable[int], acting: Iterable[int]
+    target_rounds: int, reasoning: Iterable[int], acting: Iterable[int]
 ) -> float:
     """Σ ``active_remaining_rounds`` over a Rank's Active Programs, given the rounds_since_activation of
-    its Reasoning and of its Acting ones."""
+    its Reasoning and of its Acting ones. Programs with the same rounds are weighed once, by their count:
+    every term is a whole number, so the exact sum is the same (and a Rank's Programs share a few values)."""
     return math.fsum(
-        active_remaining_rounds(target_rounds, r, reasoning=True) for r in reasoning
-    ) + math.fsum(active_remaining_rounds(target_rounds, r, reasoning=False) for r in acting)
+        n * active_remaining_rounds(target_rounds, r, reasoning=True) for r, n in Counter(reasoning).items()
+    ) + math.fsum(
+        n * active_remaining_rounds(target_rounds, r, reasoning=False) for r, n in Counter(acting).items()
+    )
 
 
 def local_force_resume_estimate(
