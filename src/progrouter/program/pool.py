@@ -13,9 +13,7 @@ queue timeouts of requests dispatched long before them never wait in the timer h
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.program.types import RequestHints
@@ -34,9 +32,8 @@ class RequestHandle(NamedTuple):
     generation: int
 
 
-@dataclass(slots=True)
-class PendingRequest:
-    """One retained request (upstream ``PendingProgramRequest``)."""
+class PendingRequest(NamedTuple):
+    """One retained request (upstream ``PendingProgramRequest``; a tuple: one is made per request)."""
 
     handle: RequestHandle
     arrived_at: float
@@ -50,7 +47,7 @@ class RequestPool:
     """Per-Program FIFOs plus a handle index, so cancellation finds a request in O(1)."""
 
     def __init__(self) -> None:
-        self._fifos: dict[Program, OrderedDict[int, PendingRequest]] = {}
+        self._fifos: dict[Program, dict[int, PendingRequest]] = {}  # handle id -> request, in arrival order
         self._owner: dict[int, Program] = {}
         self._deadlines: dict[int, float] = {}  # handle id -> queue deadline, non-decreasing (see ``push``)
         self._ids = itertools.count(1)
@@ -73,7 +70,7 @@ class RequestPool:
         handle_id = request.handle.id
         fifo = self._fifos.get(program)
         if fifo is None:
-            fifo = self._fifos[program] = OrderedDict()
+            fifo = self._fifos[program] = {}
         fifo[handle_id] = request
         self._owner[handle_id] = program
         deadlines, deadline = self._deadlines, request.queue_deadline
@@ -113,7 +110,8 @@ class RequestPool:
     def pop_front(self, program: Program) -> PendingRequest:
         """Take the front request out for dispatch."""
         fifo = self._fifos[program]
-        handle_id, request = fifo.popitem(last=False)
+        handle_id = next(iter(fifo))
+        request = fifo.pop(handle_id)
         del self._owner[handle_id]
         self._deadlines.pop(handle_id, None)
         if not fifo:
