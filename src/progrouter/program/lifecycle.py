@@ -65,7 +65,7 @@ def arrived(core: Arriving, program: Program, request: ProgramRequest, now: floa
         program.identity = identity
         program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
     core.paused_idle.pop(program, None)  # it has a request: not idle any more
-    core.lineage.observe(
+    core.lineage.link(
         request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
     )
     if request.estimated_context_tokens > program.estimated_context_tokens:

@@ -32,6 +32,17 @@ class ProgramLineage:
         root_program_id: str | None = None,
     ) -> str:
         """Record a Program's declared parent and root (the root wins if both are given); return its root."""
+        self.link(model_pool, program_id, parent_program_id, root_program_id)
+        return self.root(model_pool, program_id)
+
+    def link(
+        self,
+        model_pool: str,
+        program_id: str,
+        parent_program_id: str | None = None,
+        root_program_id: str | None = None,
+    ) -> None:
+        """``observe`` without looking the root up (a request's arrival records the links only)."""
         program = (model_pool, program_id)
         self._parents.setdefault(program, program)
         for related in (parent_program_id, root_program_id):
@@ -40,7 +51,6 @@ class ProgramLineage:
             link = (model_pool, related)
             if not self._would_cycle(program, link):
                 self._parents[program] = link
-        return self.root(model_pool, program_id)
 
     def root(self, model_pool: str, program_id: str) -> str:
         """The Program's root, compressing the walked path to point straight at it."""
