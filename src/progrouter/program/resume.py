@@ -347,14 +347,13 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
     while queue is not None and len(queue):
         if full:
             queue.pending.clear()
-            forced_waiting = queue.bounds()[2] <= now
+            entries = None
         else:
             pending = queue.take_pending()
             if not pending:
                 return
             entries = [entry for program in pending if (entry := program.queue_entry) is not None]
-            forced_waiting = any(entry.forced_at <= now for entry in entries)
-        if _count_refuses_all(core, target_id, forced_waiting):
+        if _count_refuses_all(core, target_id, queue, entries, now):
             return
         if not full and _refused_as_before(core, target_id, pending, now):
             return
@@ -371,6 +370,7 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
                 return  # then every block is: nobody can be admitted
             candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
+            assert entries is not None
             candidates = _screened(view, entries, now, unforced_possible, math.inf)
         for key in candidates:
             program = queue.program(key)
@@ -385,14 +385,22 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
         full = True  # the commit changed the Rank: everyone is a candidate again
 
 
-def _count_refuses_all(core: Scheduling, target_id: str, forced_waiting: bool) -> bool:
-    """Whether the count guard alone refuses every candidate, so the pass needs no ``RankView``: it refuses
-    every unforced one whatever the Rank's other facts, and a forced one passes a refusal only while the
-    Rank holds no admission past its limits (``plan``). ``forced_waiting``: a candidate's deadline passed.
-    (A full Rank's common case: the pass after an admission, an arrival behind it.)"""
+def _count_refuses_all(
+    core: Scheduling, target_id: str, queue: RankQueue, entries: list[QueueEntry] | None, now: float
+) -> bool:
+    """Whether the count guard alone refuses every candidate (the queue's, or only ``entries``), so the
+    pass needs no ``RankView``: it refuses every unforced one whatever the Rank's other facts, and a forced
+    one passes a refusal only while the Rank holds no admission past its limits (``plan``). (A full Rank's
+    common case: the pass after an admission, an arrival behind it.)"""
     rank = core.table.rank(target_id)
-    unforced_refused = not count_fits(rank.active_count, core.config)
-    return unforced_refused and (not forced_waiting or rank.overflow is not None)
+    if count_fits(rank.active_count, core.config):
+        return False
+    if rank.overflow is not None:
+        return True
+    forced_at = (
+        queue.bounds()[2] if entries is None else min((e.forced_at for e in entries), default=math.inf)
+    )
+    return forced_at > now
 
 
 def _refused_as_before(core: Scheduling, target_id: str, pending: list[Program], now: float) -> bool:
