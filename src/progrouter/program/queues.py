@@ -220,6 +220,61 @@ def _queue_key(program: Program) -> QueueKey:
     return entry.key
 
 
+#: Keys per run of a pool's key order: a run splits past twice this (an insertion moves one run, not all).
+RUN_KEYS = 256
+
+
+class _KeyOrder:
+    """Every waiter of a model pool in one resume order, to count the waiters ahead of a key: sorted runs of
+    at most ``2 × RUN_KEYS`` keys (a sorted list of sorted lists), so a queueing or an admission moves one
+    run of pointers instead of the whole list."""
+
+    __slots__ = ("_len", "_maxes", "_runs")
+
+    def __init__(self) -> None:
+        self._runs: list[list[QueueKey]] = []
+        self._maxes: list[QueueKey] = []  # the last key of each run
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def insert(self, key: QueueKey) -> None:
+        runs, maxes = self._runs, self._maxes
+        self._len += 1
+        if not runs:
+            runs.append([key])
+            maxes.append(key)
+            return
+        i = min(bisect.bisect_left(maxes, key), len(runs) - 1)
+        run = runs[i]
+        bisect.insort(run, key)
+        maxes[i] = run[-1]
+        if len(run) > 2 * RUN_KEYS:
+            tail = run[RUN_KEYS:]
+            del run[RUN_KEYS:]
+            runs.insert(i + 1, tail)
+            maxes[i] = run[-1]
+            maxes.insert(i + 1, tail[-1])
+
+    def remove(self, key: QueueKey) -> None:
+        runs, maxes = self._runs, self._maxes
+        i = bisect.bisect_left(maxes, key)
+        run = runs[i]
+        del run[bisect.bisect_left(run, key)]
+        self._len -= 1
+        if run:
+            maxes[i] = run[-1]
+        else:
+            del runs[i], maxes[i]
+
+    def ahead_of(self, key: QueueKey) -> int:
+        """How many keys order before ``key``."""
+        runs = self._runs
+        i = bisect.bisect_left(self._maxes, key)
+        return sum(map(len, runs[:i])) + (bisect.bisect_left(runs[i], key) if i < len(runs) else 0)
+
+
 class RankQueues:
     """Rank queues by target id, plus which Ranks have pending (unplanned) candidates."""
 
@@ -229,11 +284,11 @@ class RankQueues:
         self._queues: dict[str, RankQueue] = {}
         self._agenda = agenda
         # global_queue: every waiter of a pool in one resume order, to count the waiters ahead cheaply
-        self._pool_keys: dict[str, list[QueueKey]] | None = {} if pool_order else None
+        self._pool_keys: dict[str, _KeyOrder] | None = {} if pool_order else None
 
     def ahead_in_pool(self, model_pool: str, key: QueueKey) -> int:
         keys = None if self._pool_keys is None else self._pool_keys.get(model_pool)
-        return 0 if keys is None else bisect.bisect_left(keys, key)
+        return 0 if keys is None else keys.ahead_of(key)
 
     def pool_waiting(self, model_pool: str) -> int:
         """Waiters of a pool over all its Ranks (``global_queue`` only; 0 otherwise)."""
@@ -257,7 +312,10 @@ class RankQueues:
         key = entry.key
         self._agenda.candidates_arrived(target)
         if self._pool_keys is not None:
-            bisect.insort(self._pool_keys.setdefault(program.ref.model_pool, []), key)
+            keys = self._pool_keys.get(program.ref.model_pool)
+            if keys is None:
+                keys = self._pool_keys[program.ref.model_pool] = _KeyOrder()
+            keys.insert(key)
 
     def remove(self, program: Program) -> None:
         key = program.queue_key
@@ -270,8 +328,7 @@ class RankQueues:
 
     def _forget_pool_key(self, program: Program, key: QueueKey) -> None:
         if self._pool_keys is not None:
-            keys = self._pool_keys[program.ref.model_pool]
-            del keys[bisect.bisect_left(keys, key)]
+            self._pool_keys[program.ref.model_pool].remove(key)
 
     def drop_target(self, target_id: str) -> list[Program]:
         """Empty a Rank's queue (it left); returns its Programs in order."""
