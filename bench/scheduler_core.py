@@ -13,15 +13,25 @@ batch gain and workload-derived force-resume deadlines are all computed). A thir
 ``kv_retention_ttl_seconds`` hint. Targets: < 100 µs per arrival+completion, < 20 ms per tick.
 
     .venv/bin/python bench/scheduler_core.py [--programs 10000] [--ranks 64] [--steps 20000] [--ticks 50]
+
+``--paired OTHER_SRC`` compares this tree with another one (its ``src`` directory) on a shared machine: two
+processes, one per tree, each warmed up with ``--steps`` steps, then run ``--chunks`` chunks of
+``--chunk-steps`` steps in turn (alternating which goes first); it prints each tree's median CPU µs per step,
+the median and interquartile range of this/other per chunk pair, the ratio of the sums (which counts the
+garbage collector's rarer, longer pauses as the plain run's mean does) and both trees' end counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from progrouter.config import ProgramSchedulingConfig
@@ -101,15 +111,30 @@ def observe(scheduler: ProgramScheduler, targets: list[Target], now: float, rng:
     scheduler.apply_observations(now, epoch, observations)
 
 
-def run_arm(arm: str, programs: int, ranks: int, steps: int, ticks: int, seed: int) -> dict[str, float]:
+def warmed(arm: str, programs: int, ranks: int, steps: int, seed: int) -> tuple[Driver, list[Target]]:
+    """The arm's scheduler with every Program in play and ``steps`` steps run (windows fill, queues
+    settle)."""
     scheduler, targets = build(arm, ranks, programs)
     driver = Driver(scheduler, programs, seed)
     for i in range(driver.starting):
         driver.now += 0.0001
         scheduler.arrive(driver.now, driver.request(i))
     driver.collect()
-    for _ in range(steps):  # warm-up: windows fill, queues settle
+    for _ in range(steps):
         driver.step()
+    return driver, targets
+
+
+def counts(scheduler: ProgramScheduler, now: float) -> tuple[int, int]:
+    """Active and queued Programs over every Rank."""
+    snapshot = scheduler.diagnostics(now)
+    active = sum(r["router_active_programs"] for r in snapshot["ranks"])
+    return active, sum(r["router_queued_programs"] for r in snapshot["ranks"])
+
+
+def run_arm(arm: str, programs: int, ranks: int, steps: int, ticks: int, seed: int) -> dict[str, float]:
+    driver, targets = warmed(arm, programs, ranks, steps, seed)
+    scheduler = driver.scheduler
     step_times: list[float] = []
     cpu_start = time.process_time()
     for _ in range(steps):
@@ -131,9 +156,7 @@ def run_arm(arm: str, programs: int, ranks: int, steps: int, ticks: int, seed: i
         driver.collect()
         for _ in range(20):
             driver.step()
-    snapshot = scheduler.diagnostics(driver.now)
-    active = sum(r["router_active_programs"] for r in snapshot["ranks"])
-    queued = sum(r["router_queued_programs"] for r in snapshot["ranks"])
+    active, queued = counts(scheduler, driver.now)
     step_times.sort()
     return {
         "step_cpu_us": step_cpu * 1e6,
@@ -145,8 +168,78 @@ def run_arm(arm: str, programs: int, ranks: int, steps: int, ticks: int, seed: i
         "tick_max_ms": max(tick_times) * 1e3,
         "active": active,
         "queued": queued,
-        "programs": snapshot["programs"],
     }
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One side of ``--paired``: warm up, then run the chunk of steps each line of stdin asks for and print
+    its CPU seconds (0 asks for the end counts)."""
+    driver, _ = warmed(args.arm, args.programs, args.ranks, args.steps, args.seed)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        if n == 0:
+            active, queued = counts(driver.scheduler, driver.now)
+            print(f"{active}/{queued}", flush=True)
+            continue
+        cpu = time.process_time()
+        for _ in range(n):
+            driver.step()
+        print(time.process_time() - cpu, flush=True)
+
+
+def paired(args: argparse.Namespace) -> None:
+    """This tree against ``args.paired`` (another tree's ``src``), chunk by chunk (see the docstring)."""
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    common = ["--worker", "--arm", args.arm, "--programs", str(args.programs), "--ranks", str(args.ranks)]
+    common += ["--steps", str(args.steps), "--seed", str(args.seed)]
+    sides = [
+        subprocess.Popen(
+            [sys.executable, __file__, *common],
+            env=dict(os.environ, PYTHONPATH=src),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for src in (args.paired, here)
+    ]
+    for side in sides:
+        assert side.stdin is not None and side.stdout is not None
+        assert side.stdout.readline().strip() == "ready"
+
+    def ask(side: subprocess.Popen[str], n: int) -> str:
+        assert side.stdin is not None and side.stdout is not None
+        side.stdin.write(f"{n}\n")
+        side.stdin.flush()
+        return side.stdout.readline().strip()
+
+    other: list[float] = []
+    this: list[float] = []
+    for k in range(args.chunks):
+        first, second = (0, 1) if k % 2 == 0 else (1, 0)
+        cpu = {first: float(ask(sides[first], args.chunk_steps))}
+        cpu[second] = float(ask(sides[second], args.chunk_steps))
+        other.append(cpu[0])
+        this.append(cpu[1])
+    ends = [ask(side, 0) for side in sides]
+    for side in sides:
+        assert side.stdin is not None
+        side.stdin.close()
+        side.wait()
+    ratios = [b / a for a, b in zip(other, this, strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    per_step = 1e6 / args.chunk_steps
+    print(
+        f"{args.arm}: {args.chunks} chunk pairs of {args.chunk_steps} steps after {args.steps} warm-up steps"
+    )
+    print(
+        f"CPU µs per step, median: other {statistics.median(other) * per_step:.1f}, "
+        f"this {statistics.median(this) * per_step:.1f}"
+    )
+    print(
+        f"this/other per pair: median {median:.3f} (IQR {q1:.3f}–{q3:.3f}); sums {sum(this) / sum(other):.3f}"
+    )
+    print(f"active/queued at the end: other {ends[0]}, this {ends[1]}; load {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
@@ -159,8 +252,18 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--arm", choices=("cold", "mature", "both"), default="both")
+    parser.add_argument("--paired", metavar="OTHER_SRC", help="compare with another tree's src (see above)")
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--chunk-steps", type=int, default=1000)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return worker(args)
     arms = ("cold", "mature") if args.arm == "both" else (args.arm,)
+    if args.paired:
+        for arm in arms:
+            paired(argparse.Namespace(**{**vars(args), "arm": arm}))
+        return
     print(
         f"{args.programs} Programs over {args.ranks} Ranks, {args.steps} measured steps, {args.ticks} ticks"
     )
