@@ -493,7 +493,7 @@ async def _proxy(call: _Call) -> Answer:
     tracing.inject(call.headers)
 
     try:
-        chooser: _Native | _Program = _Native(call, body)
+        first: ProgramTicket | None = None
         if state.gate is not None:
             asked = time.perf_counter()
             try:
@@ -502,8 +502,8 @@ async def _proxy(call: _Call) -> Answer:
                 return _fail(call, refused.status, str(refused), refused.error_type)
             finally:
                 tracing.annotate(pooled_seconds=time.perf_counter() - asked)
-            if first is not None:
-                chooser = _Program(call, body, first)
+        # A Program request is never routed natively: no policy input is built for it.
+        chooser = _Native(call, body) if first is None else _Program(call, body, first)
         tracing.annotate(scheduling="program" if isinstance(chooser, _Program) else "native")
         return await _relay(call, chooser)
     except asyncio.CancelledError:
