@@ -145,7 +145,7 @@ def extract_identity(
 
     resolved: tuple[ProgramIdentity, RequestHints] | None
     if canonical is not None:
-        resolved = _canonical_identity(*canonical, lowered, hash_key)
+        resolved = _canonical_identity(canonical, lowered, hash_key)
     else:
         resolved = _agent_hint_identity(request, hash_key) or _header_identity(lowered, hash_key)
     if resolved is None:
@@ -157,9 +157,9 @@ def extract_identity(
 # ----------------------------------------------------------------------------------------------- sources
 
 
-def _canonical_context(request: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], str | None] | None:
-    """The decoded ``vllm_xargs.agentic_context`` object (object or JSON-encoded string), or None; with it
-    the string it was decoded from, when short enough for its derivation to be remembered."""
+def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] | str | None:
+    """The ``vllm_xargs.agentic_context`` object (decoded when sent as a JSON string), or None; a string
+    short enough for its derivation to be remembered is returned as it is, once known to be valid."""
     if request is None:
         return None
     xargs = request.get("vllm_xargs")
@@ -173,18 +173,20 @@ def _canonical_context(request: Mapping[str, Any] | None) -> tuple[Mapping[str, 
     if isinstance(raw, str):
         # Stock vLLM accepts only scalar vllm_xargs values, so agents send the context as a JSON string.
         if len(raw) <= MAX_REMEMBERED_CONTEXT_CHARS:
-            return _remembered_context(raw), raw
-        return _decoded_context(raw), None
+            _remembered_valid(raw)
+            return raw
+        return _decoded_context(raw)
     if not is_mapping(raw):
         raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
-    return raw, None
+    return raw
 
 
 @functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
-def _remembered_context(text: str) -> Mapping[str, Any]:
-    """``_decoded_context`` of a short string (nothing is remembered when it raises). Shared: never changed
-    by a caller."""
-    return _decoded_context(text)
+def _remembered_valid(text: str) -> bool:
+    """Whether ``_decoded_context`` accepts the string: it raises when not, and nothing is remembered then
+    (the decoded object is not kept: the derivations below are, and decode it again when they miss)."""
+    _decoded_context(text)
+    return True
 
 
 def _decoded_context(text: str) -> Mapping[str, Any]:
@@ -201,16 +203,20 @@ def _decoded_context(text: str) -> Mapping[str, Any]:
 
 
 def _canonical_identity(
-    context: Mapping[str, Any], text: str | None, headers: Mapping[str, str], hash_key: Callable[[], str]
+    context: Mapping[str, Any] | str, headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     """The identity a canonical context names. A Program sends the same context string with each request,
     so its derivation (a pure function of the string and the framework headers) is remembered."""
     framework = _framework_headers(headers)
-    base = _remembered_base(text, framework) if text is not None else _canonical_base(context, framework)
+    base = (
+        _remembered_base(context, framework)
+        if isinstance(context, str)
+        else _canonical_base(context, framework)
+    )
     if base is None:
         return None
     placement_hash_key = hash_key()  # its errors come before those of the fields below, as upstream's do
-    tail = _remembered_tail(text) if text is not None else _canonical_tail(context)
+    tail = _remembered_tail(context) if isinstance(context, str) else _canonical_tail(context)
     late_bounds_error = base.late_bounds_error or tail.late_bounds_error
     if late_bounds_error is not None:
         raise InvalidIdentity(late_bounds_error)
@@ -236,13 +242,13 @@ def _canonical_identity(
 @functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
 def _remembered_base(text: str, framework: _FrameworkHeaders) -> _Base | None:
     """``_canonical_base`` of a context string (nothing is remembered when it raises)."""
-    return _canonical_base(_remembered_context(text), framework)
+    return _canonical_base(_decoded_context(text), framework)
 
 
 @functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
 def _remembered_tail(text: str) -> _Tail:
     """``_canonical_tail`` of a context string (nothing is remembered when it raises)."""
-    return _canonical_tail(_remembered_context(text))
+    return _canonical_tail(_decoded_context(text))
 
 
 def _canonical_base(context: Mapping[str, Any], framework: _FrameworkHeaders) -> _Base | None:
