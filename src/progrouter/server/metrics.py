@@ -157,7 +157,7 @@ class RouterMetrics:
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._targets: dict[str, TargetSeries] = {}
-        self._answers: dict[tuple[str, str], tuple[HistogramSeries, HistogramSeries]] = {}
+        self._answers: dict[tuple[str, str, str], AnswerSeries] = {}
 
     @overload
     def child(self, metric: LocalCounter, *labels: str) -> CounterSeries: ...
@@ -198,16 +198,39 @@ class RouterMetrics:
         self._targets.pop(worker, None)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
-        """One answer to a client."""
-        self.child(self.answers, target, route, status).inc()
-        durations = self._answers.get((target, route))
-        if durations is None:
-            durations = self._answers[target, route] = (
-                self.answer_duration.labels(target, route),
-                self.request_duration.labels(route),
-            )
-        for histogram in durations:
-            histogram.observe(seconds)
+        """One answer to a client; ``status`` is its class (``2xx`` …) or ``error`` (the client left)."""
+        series = self._answers.get((target, route, status))
+        if series is None:
+            series = self._answers[target, route, status] = self._answer_series(target, route, status)
+        series.record(seconds)
+
+    def _answer_series(self, target: str, route: str, status: str) -> AnswerSeries:
+        durations = [self.answer_duration.labels(target, route), self.request_duration.labels(route)]
+        success = None
+        if status == "2xx":  # a successful request, as upstream's requests_total and generate_duration count
+            success = self.requests_total.labels(route)
+            durations.append(self.generate_duration.labels())
+        return AnswerSeries(self.answers.labels(target, route, status), tuple(durations), success)
+
+
+class AnswerSeries:
+    """The series one kind of answer updates (by target, route and status class), bound once."""
+
+    __slots__ = ("count", "durations", "success")
+
+    def __init__(
+        self, count: CounterSeries, durations: tuple[HistogramSeries, ...], success: CounterSeries | None
+    ) -> None:
+        self.count = count
+        self.durations = durations
+        self.success = success
+
+    def record(self, seconds: float) -> None:
+        self.count.inc()
+        for duration in self.durations:
+            duration.observe(seconds)
+        if self.success is not None:
+            self.success.inc()
 
 
 class TargetSeries:
