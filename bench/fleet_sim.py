@@ -132,8 +132,8 @@ class Samples:
     programs: list[list[int]] = field(default_factory=list)
 
 
-def sample_every(sim: Simulation, until: float) -> Samples:
-    """Schedule the samples on the simulation's clock, up to ``until``."""
+def sample_every(sim: Simulation, until: float, since: float = 0.0) -> Samples:
+    """Schedule the samples on the simulation's clock, from ``since`` up to ``until``."""
     samples = Samples()
 
     def sample(_: object) -> None:
@@ -143,8 +143,32 @@ def sample_every(sim: Simulation, until: float) -> Samples:
         if sim.clock.now + SAMPLE_SECONDS <= until:
             sim.clock.at(sim.clock.now + SAMPLE_SECONDS, sample)
 
-    sim.clock.at(0.0, sample)
+    sim.clock.at(since, sample)
     return samples
+
+
+@dataclass(slots=True)
+class Baseline:
+    """The run's cumulative counters at the start of the measured window (all zero without a warm-up)."""
+
+    preemptions: int = 0
+    transitions: int = 0
+
+
+def baseline_at(sim: Simulation, since: float) -> Baseline:
+    """Read the counters that only accumulate (preemptions, scheduler transitions) at ``since``, so the
+    figures cover the measured window alone."""
+    base = Baseline()
+    if since <= 0.0:
+        return base
+
+    def read(_: object) -> None:
+        base.preemptions = sum(r.core.stats.num_preemptions for r in sim.ranks)
+        router = sim.router
+        base.transitions = len(router.observer.transitions) if isinstance(router, ProgramRouter) else 0
+
+    sim.clock.at(since, read)
+    return base
 
 
 def record_sent(sim: Simulation) -> list[Fact]:
@@ -160,12 +184,13 @@ def record_sent(sim: Simulation) -> list[Fact]:
     return sent
 
 
-def censored_latency(sim: Simulation, sent: list[Fact], until: float) -> float | None:
+def censored_latency(sim: Simulation, sent: list[Fact], until: float, since: float = 0.0) -> float | None:
     """Mean request latency counting the requests still open at the horizon (queued in the router or in an
-    engine) at ``until`` − sent: a config that starves agents cannot look fast by never finishing them."""
+    engine) at ``until`` − sent: a config that starves agents cannot look fast by never finishing them.
+    Only requests sent at or after ``since`` count."""
     done = {id(f) for f in sim.facts}
-    latencies = [f.finished_at - f.started_at for f in sim.facts if f.ok]
-    latencies += [until - f.started_at for f in sent if id(f) not in done]
+    latencies = [f.finished_at - f.started_at for f in sim.facts if f.ok and f.started_at >= since]
+    latencies += [until - f.started_at for f in sent if id(f) not in done and f.started_at >= since]
     return statistics.fmean(latencies) if latencies else None
 
 
@@ -179,8 +204,17 @@ def dist(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def summarize(sim: Simulation, samples: Samples, profile: EngineProfile, wall: float) -> dict[str, Any]:
-    facts = sim.facts
+def summarize(
+    sim: Simulation,
+    samples: Samples,
+    profile: EngineProfile,
+    wall: float,
+    since: float = 0.0,
+    base: Baseline | None = None,
+) -> dict[str, Any]:
+    """The arm's figures over the requests sent at or after ``since`` (and the sessions started then)."""
+    base = base or Baseline()
+    facts = [f for f in sim.facts if f.started_at >= since]
     ok = [f for f in facts if f.ok and f.prompt_tokens is not None]
     model = profile.prefill_cost_model
     spent = prefill_gpu_seconds(ok, model)
@@ -192,7 +226,8 @@ def summarize(sim: Simulation, samples: Samples, profile: EngineProfile, wall: f
     done_requests = Counter(f.task_id for f in ok)
     planned = {t.task_id: t.num_requests for t in sim.trace.tasks}
     last = {f.task_id: f.finished_at for f in ok}
-    jct = [last[t] - sim.agents.task_start[t] for t, n in done_requests.items() if n == planned[t]]
+    start = sim.agents.task_start
+    jct = [last[t] - start[t] for t, n in done_requests.items() if n == planned[t] and start[t] >= since]
     kv = [u for row in samples.kv for u in row]
     programs = [n for row in samples.programs for n in row]
     return {
@@ -206,11 +241,11 @@ def summarize(sim: Simulation, samples: Samples, profile: EngineProfile, wall: f
         "prefill_gpu_seconds_spent": spent,
         "prefill_gpu_seconds_saved": saved,
         "queue_wait_seconds": dist(wait),
-        "preemptions": sum(r.core.stats.num_preemptions for r in sim.ranks),
+        "preemptions": sum(r.core.stats.num_preemptions for r in sim.ranks) - base.preemptions,
         "kv_utilisation_mean": statistics.fmean(kv) if kv else None,
         "programs_per_rank": {"mean": statistics.fmean(programs) if programs else None,
                               "max": max(programs, default=0)},
-        "transitions": transitions(sim),
+        "transitions": transitions(sim, base.transitions),
         "events": sim.clock.events_run,
         "wall_seconds": wall,
     }  # fmt: skip
@@ -220,10 +255,13 @@ def summarize(sim: Simulation, samples: Samples, profile: EngineProfile, wall: f
 TRANSITIONS = ("force_resume", "cross_rank_resume", "ttl_expired", "capacity_repair")
 
 
-def transitions(sim: Simulation) -> dict[str, int]:
-    """How often each of ``TRANSITIONS`` happened, all Ranks together (zeros for native arms)."""
+def transitions(sim: Simulation, skip: int = 0) -> dict[str, int]:
+    """How often each of ``TRANSITIONS`` happened, all Ranks together (zeros for native arms), after the
+    first ``skip`` transitions (those of the warm-up)."""
     router = sim.router
-    counts = Counter(r for _, r in router.observer.transitions) if isinstance(router, ProgramRouter) else {}
+    counts = (
+        Counter(r for _, r in router.observer.transitions[skip:]) if isinstance(router, ProgramRouter) else {}
+    )
     return {name: counts.get(name, 0) for name in TRANSITIONS}
 
 
@@ -299,7 +337,14 @@ def main(build: TraceBuilder = build_trace) -> None:
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--agents", type=int, default=2000, help="concurrent sessions")
     ap.add_argument("--reserve", type=float, default=0.5, help="extra sessions, as a share of --agents")
-    ap.add_argument("--hours", type=float, default=1.0, help="modelled time")
+    ap.add_argument("--hours", type=float, default=1.0, help="modelled time measured")
+    ap.add_argument(
+        "--warmup-hours",
+        type=float,
+        default=0.0,
+        help="modelled time run first and left out of every figure (steady state: windows filled, the "
+        "synchronised start gone); only requests and sessions that start after it count",
+    )
     ap.add_argument("--block-size", type=int, default=256, help="tokens per KV block (trace and engine)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated from {', '.join(ARM_NAMES)}")
@@ -358,23 +403,28 @@ def run_point(
         f"{fleet.block_size}); {agents} agents; {args.hours:g} h; seed {seed}",
         flush=True,
     )
-    until = args.hours * 3600.0
+    since = args.warmup_hours * 3600.0
+    until = since + args.hours * 3600.0
     arms = build_arms(names, profile, fleet, agents, parse_variants(args.variant))
 
     def run_arm(index: int) -> tuple[dict[str, Any], Samples]:
         arm = arms[index]
         started, cpu = time.perf_counter(), time.process_time()
         sim = Simulation(trace, fleet, arm, max_concurrent_tasks=agents, until=until)
-        samples = sample_every(sim, until)
+        samples = sample_every(sim, until, since)
+        base = baseline_at(sim, since)
         sent = record_sent(sim)
         sim.advance()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        row = summarize(sim, samples, profile, wall)
-        row["request_seconds_censored"] = censored_latency(sim, sent, until)
+        row = summarize(sim, samples, profile, wall, since, base)
+        row["request_seconds_censored"] = censored_latency(sim, sent, until, since)
+        row["trace_exhausted"] = len(sim.agents.task_start) == len(trace.tasks)
+        row["jct_little_seconds"] = little_jct(agents, until - since, row["requests_completed"], trace)
         row["cpu_seconds"] = cpu
         print(
             f"  {arm.name}: {until:,.0f} modelled s in {wall:.1f} wall s, {cpu:.1f} CPU s "
-            f"({sim.clock.events_run:,} events)",
+            f"({sim.clock.events_run:,} events)"
+            + ("; every session of the trace started: raise --reserve" if row["trace_exhausted"] else ""),
             flush=True,
         )
         return row, samples
@@ -383,6 +433,17 @@ def run_point(
     cpu = time.process_time() - cpu + children_cpu() - children
     print(f"  trace and arms: {time.perf_counter() - started:.1f} wall s, {cpu:.1f} CPU s", flush=True)
     return [row for row, _ in results], {row["arm"]: samples for row, samples in results}
+
+
+def little_jct(agents: int, window: float, requests_completed: int, trace: Trace) -> float | None:
+    """Mean session JCT by Little's law: ``agents`` sessions are always running (an ended one is replaced at
+    once), so JCT = agents / session throughput, and session throughput = request throughput / the trace's
+    mean requests per session. Unlike the mean over sessions that finished inside the window (biased to
+    short sessions: real ones run for hours of tool calls), it counts every session's share of the work."""
+    if not requests_completed or not trace.tasks:
+        return None
+    per_session = statistics.fmean(t.num_requests for t in trace.tasks)
+    return agents * window * per_session / requests_completed
 
 
 #: The job the forked workers of ``in_processes`` run (a fork inherits it; nothing is pickled but results).
@@ -444,6 +505,8 @@ def sweep(
                 statistics.fmean(r["request_seconds_censored"] or 0.0 for r in native) if native else None
             )
             jcts = [r["jct_seconds"]["mean"] for r in rows if r["jct_seconds"]["mean"] is not None]
+            little = statistics.fmean(r["jct_little_seconds"] or 0.0 for r in rows)
+            base_little = statistics.fmean(r["jct_little_seconds"] or 0.0 for r in native) if native else None
             table.append({
                 "profile": profile.name, "agents_per_rank": load, "arm": arm, "seeds": len(rows),
                 "token_hit": statistics.fmean(r["token_hit"] or 0.0 for r in rows),
@@ -456,10 +519,12 @@ def sweep(
                 "per_seed_token_hit": [r["token_hit"] for r in rows],
                 "requests_completed": statistics.fmean(r["requests_completed"] for r in rows),
                 "session_jct_mean": statistics.fmean(jcts) if jcts else None,
+                "jct_little": little, "jct_x_native": little / base_little if base_little else None,
                 "prefill_gpu_seconds_saved": statistics.fmean(r["prefill_gpu_seconds_saved"] for r in rows),
                 "preemptions": statistics.fmean(r["preemptions"] for r in rows),
                 "queue_wait_mean": statistics.fmean(r["queue_wait_seconds"]["mean"] or 0.0 for r in rows),
                 "queue_wait_p90": statistics.fmean(r["queue_wait_seconds"]["p90"] or 0.0 for r in rows),
+                "trace_exhausted": sum(r["trace_exhausted"] for r in rows),
                 **{name: statistics.fmean(r["transitions"][name] for r in rows) for name in TRANSITIONS},
             })  # fmt: skip
         print_sweep(table)
@@ -470,8 +535,9 @@ def sweep(
 
 def print_sweep(table: list[dict[str, Any]]) -> None:
     keys = ["profile", "agents_per_rank", "arm", "token_hit", "request_seconds_mean", "x_native",
-            "x_native_censored", "requests_completed", "session_jct_mean", "prefill_gpu_seconds_saved",
-            "preemptions", "queue_wait_mean", "queue_wait_p90", *TRANSITIONS]  # fmt: skip
+            "x_native_censored", "jct_little", "jct_x_native", "requests_completed", "session_jct_mean",
+            "prefill_gpu_seconds_saved", "preemptions", "queue_wait_mean", "queue_wait_p90", *TRANSITIONS,
+            "trace_exhausted"]  # fmt: skip
     print("| " + " | ".join(keys) + " |")
     for row in table:
         print("| " + " | ".join(fmt(row[k]) for k in keys) + " |", flush=True)

@@ -305,7 +305,8 @@ LAYERS = (
     ("worker hop", ("server/worker_client",)),
     ("Program identity, usage, estimate", ("program/identity", "program/usage", "program/token_estimator")),
     ("scheduler core", ("program/",)),
-    ("metrics", ("prometheus_client", "server/metrics", "server/program_metrics", "server/event_feed")),
+    ("metrics", ("prometheus_client", "server/metrics", "server/local_metrics", "server/program_metrics",
+                 "server/event_feed")),
     ("event loop, stdlib", ("asyncio", "stdlib")),
 )  # fmt: skip
 OTHER_LAYER = "the rest of progrouter"

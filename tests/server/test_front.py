@@ -293,6 +293,27 @@ async def test_stop_closes_idle_front_connections(make_worker: WorkerFactory) ->
         await router.stop()
 
 
+async def test_an_idle_connection_closes_a_keep_alive_timeout_after_its_last_answer(
+    make_worker: WorkerFactory,
+) -> None:
+    """The idle deadline starts again with every answer: a connection busy for longer than the timeout
+    stays open, and closes once it has been idle for the timeout."""
+    worker = await make_worker()
+    router = await start_router(router_config([worker.url], client_keepalive_timeout_secs=0.4))
+    loop = asyncio.get_running_loop()
+    try:
+        async with await Conn.open(router) as conn:
+            for _ in range(5):  # 0.75 s in all, never 0.4 s idle
+                await conn.send(post())
+                assert (await conn.reply())[0] == 200
+                answered = loop.time()
+                await asyncio.sleep(0.15)
+            assert await conn.closed()
+            assert loop.time() - answered >= 0.4 - 0.01
+    finally:
+        await router.stop()
+
+
 async def _keep_alive_scenario() -> tuple[list[int], int, int]:
     worker = await FakeWorker("uv").start()
     router = await start_router(RouterConfig(worker_urls=[worker.url], host="127.0.0.1", port=0))

@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from progrouter.config import EnableKey
 from progrouter.program.types import InvalidIdentity, ProgramIdentity, RequestHints
-from progrouter.routing.hash_key import is_mapping, native_hash_key
+from progrouter.routing.hash_key import answers_any_case, is_mapping, native_hash_key
 
 MAX_IDENTITY_COMPONENT_BYTES = 256
 MAX_PLACEMENT_HASH_KEY_BYTES = 512
@@ -67,8 +67,7 @@ _PLACEMENT_SESSION_HEADERS = (CLAUDE_SESSION_HEADER, CODEX_SESSION_HEADER, GENER
 _I64_MIN, _I64_MAX, _U64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class IdentityResult:
+class IdentityResult(NamedTuple):
     """What a request told us: who it belongs to, its request-scoped hints, and which input said so."""
 
     identity: ProgramIdentity
@@ -76,12 +75,38 @@ class IdentityResult:
     source: str  # agentic_context | agent_hint | header:claude_code | header:codex | header:generic
 
 
-@dataclass(frozen=True, slots=True)
-class _FrameworkHeaders:
+class _FrameworkHeaders(NamedTuple):  # a NamedTuple: hashed in C as a key of the remembered derivations
     schema: str | None = None
     session: str | None = None
     agent: str | None = None
     parent_agent: str | None = None
+
+
+class _Base(NamedTuple):
+    """Who a canonical context names: the identity's fields up to its hash key, and the first of their
+    bounds that is exceeded (reported after the fields read later, as upstream orders its checks)."""
+
+    program_id: str
+    placement_key: str
+    task_id: str | None
+    session_id: str | None
+    agent_id: str | None
+    agent_role: str | None
+    parent_program_id: str | None
+    root_program_id: str | None
+    blocks_parent: bool
+    expected_resume: bool
+    late_bounds_error: str | None
+
+
+class _Tail(NamedTuple):
+    """The fields a canonical context has read after the hash key, and the first exceeded bound of
+    theirs (reported after the base's)."""
+
+    spawn_reason: str | None
+    step_id: int | None
+    hints: RequestHints
+    late_bounds_error: str | None
 
 
 _NO_FRAMEWORK = _FrameworkHeaders()
@@ -120,33 +145,21 @@ def extract_identity(
 
     resolved: tuple[ProgramIdentity, RequestHints] | None
     if canonical is not None:
-        resolved = _canonical_identity(*canonical, lowered, hash_key)
+        resolved = _canonical_identity(canonical, lowered, hash_key)
     else:
         resolved = _agent_hint_identity(request, hash_key) or _header_identity(lowered, hash_key)
     if resolved is None:
         return None
     identity, hints = resolved
-    _check_bounds(  # the model pool, program id and placement key were checked as the identity was built
-        (
-            ("task_id", identity.task_id),
-            ("session_id", identity.session_id),
-            ("agent_id", identity.agent_id),
-            ("parent_program_id", identity.parent_program_id),
-            ("root_program_id", identity.root_program_id),
-            ("agent_role", identity.agent_role),
-            ("spawn_reason", identity.spawn_reason),
-            ("request_id", hints.request_id),
-        )
-    )
     return IdentityResult(identity, hints, identity.source)
 
 
 # ----------------------------------------------------------------------------------------------- sources
 
 
-def _canonical_context(request: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], str | None] | None:
-    """The decoded ``vllm_xargs.agentic_context`` object (object or JSON-encoded string), or None; with it
-    the string it was decoded from, when short enough for its derivation to be remembered."""
+def _canonical_context(request: Mapping[str, Any] | None) -> Mapping[str, Any] | str | None:
+    """The ``vllm_xargs.agentic_context`` object (decoded when sent as a JSON string), or None; a string
+    short enough for its derivation to be remembered is returned as it is, once known to be valid."""
     if request is None:
         return None
     xargs = request.get("vllm_xargs")
@@ -157,58 +170,90 @@ def _canonical_context(request: Mapping[str, Any] | None) -> tuple[Mapping[str, 
     raw = xargs.get("agentic_context")
     if raw is None:
         return None
-    text = None
     if isinstance(raw, str):
         # Stock vLLM accepts only scalar vllm_xargs values, so agents send the context as a JSON string.
-        encoded = raw.encode()
-        if len(encoded) > MAX_AGENTIC_CONTEXT_BYTES:
-            raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object")
-        text = raw if len(raw) <= MAX_REMEMBERED_CONTEXT_CHARS else None
-        try:
-            raw = orjson.loads(encoded)
-        except orjson.JSONDecodeError:
-            raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
+        if len(raw) <= MAX_REMEMBERED_CONTEXT_CHARS:
+            _remembered_valid(raw)
+            return raw
+        return _decoded_context(raw)
     if not is_mapping(raw):
         raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
-    return raw, text
+    return raw
+
+
+@functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
+def _remembered_valid(text: str) -> bool:
+    """Whether ``_decoded_context`` accepts the string: it raises when not, and nothing is remembered then
+    (the decoded object is not kept: the derivations below are, and decode it again when they miss)."""
+    _decoded_context(text)
+    return True
+
+
+def _decoded_context(text: str) -> Mapping[str, Any]:
+    """The object a context string encodes; ``InvalidIdentity`` when it is too long or not an object."""
+    if _too_long(text, MAX_AGENTIC_CONTEXT_BYTES):
+        raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object")
+    try:
+        context = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidIdentity("vllm_xargs.agentic_context must contain a bounded JSON object") from None
+    if not is_mapping(context):
+        raise InvalidIdentity("vllm_xargs.agentic_context must be an object")
+    return context
 
 
 def _canonical_identity(
-    context: Mapping[str, Any], text: str | None, headers: Mapping[str, str], hash_key: Callable[[], str]
+    context: Mapping[str, Any] | str, headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     """The identity a canonical context names. A Program sends the same context string with each request,
     so its derivation (a pure function of the string and the framework headers) is remembered."""
     framework = _framework_headers(headers)
-    base = _remembered_base(text, framework) if text is not None else _canonical_base(context, framework)
+    base = (
+        _remembered_base(context, framework)
+        if isinstance(context, str)
+        else _canonical_base(context, framework)
+    )
     if base is None:
         return None
     placement_hash_key = hash_key()  # its errors come before those of the fields below, as upstream's do
-    spawn_reason, step_id, hints = _remembered_tail(text) if text is not None else _canonical_tail(context)
+    tail = _remembered_tail(context) if isinstance(context, str) else _canonical_tail(context)
+    late_bounds_error = base.late_bounds_error or tail.late_bounds_error
+    if late_bounds_error is not None:
+        raise InvalidIdentity(late_bounds_error)
     identity = ProgramIdentity(
-        **base,
-        placement_hash_key=placement_hash_key,
-        spawn_reason=spawn_reason,
-        step_id=step_id,
-        source=SOURCE_AGENTIC_CONTEXT,
+        base.program_id,
+        base.placement_key,
+        placement_hash_key,
+        base.task_id,
+        base.session_id,
+        base.agent_id,
+        base.agent_role,
+        base.parent_program_id,
+        base.root_program_id,
+        base.blocks_parent,
+        base.expected_resume,
+        tail.spawn_reason,
+        tail.step_id,
+        SOURCE_AGENTIC_CONTEXT,
     )
-    return identity, hints
+    return identity, tail.hints
 
 
 @functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
-def _remembered_base(text: str, framework: _FrameworkHeaders) -> Mapping[str, Any] | None:
+def _remembered_base(text: str, framework: _FrameworkHeaders) -> _Base | None:
     """``_canonical_base`` of a context string (nothing is remembered when it raises)."""
-    return _canonical_base(orjson.loads(text), framework)
+    return _canonical_base(_decoded_context(text), framework)
 
 
 @functools.lru_cache(maxsize=REMEMBERED_CONTEXTS)
-def _remembered_tail(text: str) -> tuple[str | None, int | None, RequestHints]:
+def _remembered_tail(text: str) -> _Tail:
     """``_canonical_tail`` of a context string (nothing is remembered when it raises)."""
-    return _canonical_tail(orjson.loads(text))
+    return _canonical_tail(_decoded_context(text))
 
 
-def _canonical_base(context: Mapping[str, Any], framework: _FrameworkHeaders) -> Mapping[str, Any] | None:
+def _canonical_base(context: Mapping[str, Any], framework: _FrameworkHeaders) -> _Base | None:
     """Who the context names and how it relates to others: the identity's fields up to its hash key (None
-    when it names no Program). Shared when remembered: never changed by a caller."""
+    when it names no Program)."""
     explicit_program_id = _string(context, "program_id")
     body_task_id = _string(context, "task_id")
     session_id = _string(context, "session_id") or framework.session
@@ -253,21 +298,25 @@ def _canonical_base(context: Mapping[str, Any], framework: _FrameworkHeaders) ->
     if expected_resume is None:
         # A blocking subagent is expected to finish and hand control back, not to come back itself.
         expected_resume = not (blocks_parent and agent_role == "subagent")
-    return {
-        "program_id": program_id,
-        "placement_key": placement_key,
-        "task_id": task_id,
-        "session_id": session_id,
-        "agent_id": agent_id,
-        "agent_role": agent_role,
-        "parent_program_id": parent_program_id,
-        "root_program_id": root_program_id,
-        "blocks_parent": blocks_parent,
-        "expected_resume": expected_resume,
-    }
+    late_bounds_error = _late_bounds_error(
+        task_id, session_id, agent_id, parent_program_id, root_program_id, agent_role
+    )
+    return _Base(
+        program_id,
+        placement_key,
+        task_id,
+        session_id,
+        agent_id,
+        agent_role,
+        parent_program_id,
+        root_program_id,
+        blocks_parent,
+        expected_resume,
+        late_bounds_error,
+    )
 
 
-def _canonical_tail(context: Mapping[str, Any]) -> tuple[str | None, int | None, RequestHints]:
+def _canonical_tail(context: Mapping[str, Any]) -> _Tail:
     """The fields read after the hash key: spawn reason, step id and the request's hints."""
     spawn_reason = _string(context, "spawn_reason", "subagent_type", "agent_type")
     step_id = _u64(context, "step_id")
@@ -278,7 +327,8 @@ def _canonical_tail(context: Mapping[str, Any]) -> tuple[str | None, int | None,
         expected_output_tokens=_u64(context, "expected_output_length", "expected_output_tokens"),
         kv_retention_ttl_seconds=_duration(context, "kv_retention_ttl", "kv_retention_ttl_seconds"),
     )
-    return spawn_reason, step_id, hints
+    late_bounds_error = _bounds_error((("spawn_reason", spawn_reason), ("request_id", hints.request_id)))
+    return _Tail(spawn_reason, step_id, hints, late_bounds_error)
 
 
 def _agent_hint_identity(
@@ -313,6 +363,7 @@ def _agent_hint_identity(
         expected_resume=expected_resume,
         source=SOURCE_AGENT_HINT,
     )
+    _check_late_bounds(identity)
     return identity, RequestHints()
 
 
@@ -348,6 +399,7 @@ def _header_identity(
         expected_resume=is_lead,
         source=f"header:{framework.schema}",
     )
+    _check_late_bounds(identity)
     return identity, RequestHints()
 
 
@@ -356,6 +408,8 @@ def _header_identity(
 
 def _lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The schema headers under lower-case names (first one wins), whatever the mapping's case rules."""
+    if answers_any_case(headers):  # ask for the few names rather than lower-case every header
+        return {name: value for name in _SCHEMA_HEADERS if (value := headers.get(name)) is not None}
     out: dict[str, str] = {}
     for key, value in headers.items():
         name = key.lower()
@@ -509,9 +563,54 @@ def _related_program_id(
 
 
 def _check_bounds(fields: Sequence[tuple[str, str | None]]) -> None:
+    error = _bounds_error(fields)
+    if error is not None:
+        raise InvalidIdentity(error)
+
+
+def _check_late_bounds(identity: ProgramIdentity) -> None:
+    """An agent hint's or a header identity's late bounds (it has no spawn reason or request id)."""
+    error = _late_bounds_error(
+        identity.task_id,
+        identity.session_id,
+        identity.agent_id,
+        identity.parent_program_id,
+        identity.root_program_id,
+        identity.agent_role,
+    )
+    if error is not None:
+        raise InvalidIdentity(error)
+
+
+def _late_bounds_error(
+    task_id: str | None,
+    session_id: str | None,
+    agent_id: str | None,
+    parent_program_id: str | None,
+    root_program_id: str | None,
+    agent_role: str | None,
+) -> str | None:
+    """The first exceeded bound of the identity's fields checked last (its model pool, Program id and
+    placement keys are checked as it is built), in upstream's order; a canonical context's spawn reason
+    and request id follow them."""
+    return _bounds_error(
+        (
+            ("task_id", task_id),
+            ("session_id", session_id),
+            ("agent_id", agent_id),
+            ("parent_program_id", parent_program_id),
+            ("root_program_id", root_program_id),
+            ("agent_role", agent_role),
+        )
+    )
+
+
+def _bounds_error(fields: Sequence[tuple[str, str | None]]) -> str | None:
+    """Why the first of ``fields`` over its bound is refused (None: all within)."""
     for name, value in fields:
         if value is not None and _too_long(value, MAX_IDENTITY_COMPONENT_BYTES):
-            raise InvalidIdentity(f"{name} exceeds {MAX_IDENTITY_COMPONENT_BYTES} bytes")
+            return f"{name} exceeds {MAX_IDENTITY_COMPONENT_BYTES} bytes"
+    return None
 
 
 def _too_long(value: str, limit: int) -> bool:

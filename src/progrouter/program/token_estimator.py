@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -49,9 +48,9 @@ def prompt_bytes(body: Mapping[str, Any] | None, raw_body: bytes) -> int:
     return total
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEstimate:
-    """An arrival estimate and what is needed to learn from its outcome."""
+class TokenEstimate(NamedTuple):
+    """An arrival estimate and what is needed to learn from its outcome. (A tuple: one is made per
+    Program request.)"""
 
     tokens: int
     model_pool: str
@@ -80,20 +79,22 @@ class TokenEstimator:
         Counts ``token_estimate_feedback_total{outcome=observed|missing}`` either way, so a backend that never
         reports usage (e.g. streams without ``stream_options.include_usage``) is visible.
         """
-        labels = {"model_pool": estimate.model_pool, "endpoint": estimate.endpoint}
+        model_pool, endpoint = estimate.model_pool, estimate.endpoint
         outcome = "missing" if actual_prompt_tokens is None else "observed"
-        self._observer.counter("token_estimate_feedback_total", 1.0, outcome=outcome, **labels)
+        self._observer.counter(
+            "token_estimate_feedback_total", 1.0, model_pool=model_pool, endpoint=endpoint, outcome=outcome
+        )
         if not actual_prompt_tokens or estimate.input_bytes <= 0:
             return None
         observed = min(
             MAX_TOKENS_PER_BYTE, max(MIN_TOKENS_PER_BYTE, actual_prompt_tokens / estimate.input_bytes)
         )
-        key = (estimate.model_pool, estimate.endpoint)
+        key = (model_pool, endpoint)
         updated = (
             MOMENTUM * self._coefficients.get(key, DEFAULT_TOKENS_PER_BYTE) + (1.0 - MOMENTUM) * observed
         )
         self._coefficients[key] = updated
-        self._observer.gauge("token_estimate_coefficient", updated, **labels)
+        self._observer.gauge("token_estimate_coefficient", updated, model_pool=model_pool, endpoint=endpoint)
         return updated
 
     def diagnostics(self) -> list[dict[str, Any]]:

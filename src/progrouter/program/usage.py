@@ -34,9 +34,11 @@ def _count(value: Any) -> int | None:
 
 def _first_count(usage: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
-        count = _count(usage.get(key))
-        if count is not None:
-            return count
+        value = usage.get(key)
+        if value is not None:  # most keys are absent: no call for them
+            count = _count(value)
+            if count is not None:
+                return count
     return None
 
 
@@ -85,12 +87,17 @@ def _get(value: Mapping[str, Any], outer: str, inner: str) -> Any:
 def parse_json_usage(body: bytes) -> UsageObservation:
     """Usage of a complete JSON response body (empty when absent or unparsable)."""
     usage = UsageObservation()
+    merge_json_usage(usage, body)
+    return usage
+
+
+def merge_json_usage(into: UsageObservation, body: bytes) -> None:
+    """Merge the usage of a complete JSON response body into ``into`` (nothing when absent or unparsable)."""
     try:  # not contextlib.suppress: a context manager per response costs more than the parse
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return usage
-    merge_usage_from_value(usage, value)
-    return usage
+        return
+    merge_usage_from_value(into, value)
 
 
 class SseUsageAccumulator:

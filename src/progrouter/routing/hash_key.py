@@ -22,14 +22,10 @@ SESSION_HEADER_NAMES: tuple[str, ...] = (
     "x-request-id",
     "x-trace-id",
 )
-# (path in the body, key prefix), in priority order.
-_BODY_FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("session_params", "session_id"), "session"),
-    (("user",), "user"),
-    (("session_id",), "session"),
-    (("user_id",), "user"),
-)
+# Body fields after ``session_params.session_id`` (key prefix "session"), in priority order.
+_BODY_FIELDS: tuple[tuple[str, str], ...] = (("user", "user"), ("session_id", "session"), ("user_id", "user"))
 _LONG_BODY_BYTES = 100
+_ANY_CASE = (CIMultiDictProxy, CIMultiDict)
 
 
 def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
@@ -38,10 +34,15 @@ def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
     return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
+def answers_any_case(headers: Mapping[str, str]) -> bool:
+    """Whether ``headers`` finds a name in any case itself (aiohttp's multidicts; a plain dict does not)."""
+    return isinstance(headers, _ANY_CASE)
+
+
 def _header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:
     """A case-insensitive lookup of a lower-case header name in ``headers``."""
-    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
-        return headers.get  # aiohttp's headers answer any case already
+    if answers_any_case(headers):
+        return headers.get
 
     def lookup(name: str) -> str | None:  # plain dicts are case-sensitive
         value = headers.get(name)
@@ -75,13 +76,17 @@ def body_hash_key(body: Mapping[str, Any] | None) -> str | None:
     """``session:<id>`` or ``user:<id>`` from the first session/user field of the body, else None."""
     if body is None:
         return None
-    for path, prefix in _BODY_FIELDS:
-        node: Any = body
-        for part in path:
-            node = node.get(part) if is_mapping(node) else None
-        ident = _identifier(node)
+    params = body.get("session_params")
+    if params is not None and is_mapping(params):
+        ident = _identifier(params.get("session_id"))
         if ident is not None:
-            return f"{prefix}:{ident}"
+            return f"session:{ident}"
+    for name, prefix in _BODY_FIELDS:
+        value = body.get(name)
+        if value is not None:  # the usual case: the field is absent
+            ident = _identifier(value)
+            if ident is not None:
+                return f"{prefix}:{ident}"
     return None
 
 

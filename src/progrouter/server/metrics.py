@@ -9,20 +9,23 @@ successful answers, ``request_errors_total`` answers that failed without retry (
 every answer by target, route and status class (or ``error`` when the client left first), so nothing is
 lost in the gap between those upstream families. Every label is bounded: target ids are configured, routes
 are an allow-list, the rest are enums. A registry per app lets several routers share a process (tests).
+Counters and histograms are ``local_metrics`` families (plain numbers, no lock per update); gauges are
+prometheus_client's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, TypeVar, cast
+from typing import Any, overload
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
+
+from progrouter.server.local_metrics import CounterSeries, HistogramSeries, LocalCounter, LocalHistogram
 
 # Upstream exposes no ``*_created`` series; neither do we (a process-wide switch of prometheus_client).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 NO_TARGET = "none"
-M = TypeVar("M", Counter, Gauge, Histogram)
 # Upstream's duration buckets (seconds), as a scrape of generate_duration_seconds shows them.
 DURATION_BUCKETS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0,
@@ -35,8 +38,14 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx"
 
 
-def _counter(name: str, doc: str, labels: tuple[str, ...], registry: CollectorRegistry) -> Counter:
-    return Counter(name.removesuffix("_total"), doc, labels, registry=registry)
+def _counter(name: str, doc: str, labels: tuple[str, ...], registry: CollectorRegistry) -> LocalCounter:
+    return LocalCounter(name, doc, labels, registry)
+
+
+def _histogram(
+    name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...], registry: CollectorRegistry
+) -> LocalHistogram:
+    return LocalHistogram(name, doc, labels, registry, buckets)
 
 
 class RouterMetrics:
@@ -47,18 +56,19 @@ class RouterMetrics:
         self.requests_total = _counter(
             "vllm_router_requests_total", "Successful requests by route", ("route",), r
         )
-        self.request_duration = Histogram(
+        self.request_duration = _histogram(
             "vllm_router_request_duration_seconds",
             "Request duration by route, from arrival to the end of the answer",
             ("route",),
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            DURATION_BUCKETS,
+            r,
         )
-        self.generate_duration = Histogram(
+        self.generate_duration = _histogram(
             "vllm_router_generate_duration_seconds",
             "Duration of successful requests",
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            (),
+            DURATION_BUCKETS,
+            r,
         )
         self.request_errors = _counter(
             "vllm_router_request_errors_total", "Failed requests by route and error type",
@@ -69,12 +79,12 @@ class RouterMetrics:
         self.retries_exhausted = _counter(
             "vllm_router_retries_exhausted_total", "Requests whose last attempt failed", ("route",), r
         )
-        self.retry_backoff = Histogram(
+        self.retry_backoff = _histogram(
             "vllm_router_retry_backoff_duration_seconds",
             "Backoff before each retry, by retry number",
             ("attempt",),
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            DURATION_BUCKETS,
+            r,
         )
         # ---------------------------------------------------------------- upstream: circuit breakers
         self.cb_state = Gauge(
@@ -126,12 +136,12 @@ class RouterMetrics:
             ("target", "route", "status"),
             r,
         )
-        self.answer_duration = Histogram(
+        self.answer_duration = _histogram(
             "progrouter_request_duration_seconds",
             "Time from request arrival to the end of the relayed response, by target and route.",
             ("target", "route"),
-            buckets=_OUR_BUCKETS,
-            registry=r,
+            _OUR_BUCKETS,
+            r,
         )
         self.upstream_errors = _counter(
             "progrouter_upstream_errors_total",
@@ -147,15 +157,21 @@ class RouterMetrics:
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._targets: dict[str, TargetSeries] = {}
-        self._answers: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
+        self._answers: dict[tuple[str, str, str], AnswerSeries] = {}
 
-    def child(self, metric: M, *labels: str) -> M:
+    @overload
+    def child(self, metric: LocalCounter, *labels: str) -> CounterSeries: ...
+    @overload
+    def child(self, metric: LocalHistogram, *labels: str) -> HistogramSeries: ...
+    @overload
+    def child(self, metric: Gauge, *labels: str) -> Gauge: ...
+    def child(self, metric: LocalCounter | LocalHistogram | Gauge, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: ``labels()`` is the slow part of a hot-path update."""
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
-        return cast(M, found)
+        return found
 
     def target(self, target_id: str) -> TargetSeries:
         """The series every attempt on ``target_id`` updates, bound once."""
@@ -182,16 +198,39 @@ class RouterMetrics:
         self._targets.pop(worker, None)
 
     def observe(self, target: str, route: str, status: str, seconds: float) -> None:
-        """One answer to a client."""
-        self.child(self.answers, target, route, status).inc()
-        durations = self._answers.get((target, route))
-        if durations is None:
-            durations = self._answers[target, route] = (
-                self.answer_duration.labels(target, route),
-                self.request_duration.labels(route),
-            )
-        for histogram in durations:
-            histogram.observe(seconds)
+        """One answer to a client; ``status`` is its class (``2xx`` …) or ``error`` (the client left)."""
+        series = self._answers.get((target, route, status))
+        if series is None:
+            series = self._answers[target, route, status] = self._answer_series(target, route, status)
+        series.record(seconds)
+
+    def _answer_series(self, target: str, route: str, status: str) -> AnswerSeries:
+        durations = [self.answer_duration.labels(target, route), self.request_duration.labels(route)]
+        success = None
+        if status == "2xx":  # a successful request, as upstream's requests_total and generate_duration count
+            success = self.requests_total.labels(route)
+            durations.append(self.generate_duration.labels())
+        return AnswerSeries(self.answers.labels(target, route, status), tuple(durations), success)
+
+
+class AnswerSeries:
+    """The series one kind of answer updates (by target, route and status class), bound once."""
+
+    __slots__ = ("count", "durations", "success")
+
+    def __init__(
+        self, count: CounterSeries, durations: tuple[HistogramSeries, ...], success: CounterSeries | None
+    ) -> None:
+        self.count = count
+        self.durations = durations
+        self.success = success
+
+    def record(self, seconds: float) -> None:
+        self.count.inc()
+        for duration in self.durations:
+            duration.observe(seconds)
+        if self.success is not None:
+            self.success.inc()
 
 
 class TargetSeries:
@@ -205,9 +244,9 @@ class TargetSeries:
     def __init__(
         self,
         in_flight_gauges: tuple[Gauge, ...],
-        processed: Counter,
-        cb_success: Counter,
-        cb_failure: Counter,
+        processed: CounterSeries,
+        cb_success: CounterSeries,
+        cb_failure: CounterSeries,
     ) -> None:
         self.in_flight = 0
         self.processed = processed

@@ -41,7 +41,7 @@ from progrouter.program.pool import RequestHandle
 from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
-from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
+from progrouter.program.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
@@ -91,7 +91,7 @@ class ProgramTicket:
 
     def observe_json(self, body: bytes) -> None:
         """A complete (non-streamed) response body."""
-        self._json.merge(parse_json_usage(body))
+        merge_json_usage(self._json, body)
 
     def observe_sse(self, chunk: bytes) -> None:
         """One streamed chunk, exactly as forwarded to the client."""

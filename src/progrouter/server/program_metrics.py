@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 
 from progrouter.program.observer import LogLevel
 from progrouter.program.types import InvalidIdentity, NoTargets, PoolFull, QueueTimeout, ScheduleError
 from progrouter.server.event_feed import EventFeed
+from progrouter.server.local_metrics import CounterSeries, HistogramSeries, LocalCounter, LocalHistogram
 from progrouter.server.quantiles import QuantileSummary
 
 PREFIX = "vllm_router_agent_aware_"
@@ -209,7 +210,7 @@ class PrometheusObserver:
         self.strict = "pytest" in sys.modules if strict is None else strict
         self.log = logger or logging.getLogger("progrouter.program")
         self.feed = EventFeed()  # what the dashboard and ``progrouter top`` show
-        self._metrics: dict[str, Gauge | Counter | Histogram | QuantileSummary] = {}
+        self._metrics: dict[str, Gauge | LocalCounter | LocalHistogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
         # The hot-path cache (a Program request records a dozen series): per name, kind and label set already
@@ -218,23 +219,23 @@ class PrometheusObserver:
         self._updates: dict[tuple[str, str, tuple[tuple[str, str], ...]], Callable[[float], None]] = {}
         for name, spec in METRICS.items():
             full = PREFIX + name
-            metric: Gauge | Counter | Histogram | QuantileSummary
+            metric: Gauge | LocalCounter | LocalHistogram | QuantileSummary
             if spec.kind == "summary":
                 metric = QuantileSummary(full, spec.help, spec.labels, registry)
             elif spec.kind == "gauge":
                 metric = Gauge(full, spec.help, spec.labels, registry=registry)
                 self._gauge_series[name] = set()
             elif spec.kind == "counter":
-                metric = Counter(full.removesuffix("_total"), spec.help, spec.labels, registry=registry)
+                metric = LocalCounter(full, spec.help, spec.labels, registry)
             else:
-                metric = Histogram(full, spec.help, spec.labels, buckets=spec.buckets, registry=registry)
+                metric = LocalHistogram(full, spec.help, spec.labels, registry, spec.buckets)
             self._metrics[name] = metric
         # Ours, beside upstream's table: every reason's series exists from the start (at 0).
-        rejections = Counter(
-            "progrouter_program_rejections",
+        rejections = LocalCounter(
+            "progrouter_program_rejections_total",
             "Requests Program scheduling refused, by reason (pool_full and queue_timeout answer 429)",
             ("reason",),
-            registry=registry,
+            registry,
         )
         reasons = (*REJECTION_REASONS.values(), OTHER_REJECTION)
         self._rejections = {reason: rejections.labels(reason) for reason in reasons}
@@ -302,11 +303,12 @@ class PrometheusObserver:
             return functools.partial(metric.observe, values)
         assert not isinstance(metric, QuantileSummary)
         child = metric.labels(*values)
-        if isinstance(child, Histogram):
+        if isinstance(child, HistogramSeries):
             return child.observe
         if isinstance(child, Gauge):
             self._gauge_series[name].add(values)
             return child.set
+        assert isinstance(child, CounterSeries)
         return child.inc
 
     def _check(self, name: str, kind: str, labels: Mapping[str, str]) -> tuple[str, ...] | None:

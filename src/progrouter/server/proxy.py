@@ -272,12 +272,10 @@ def _record(call: _Call, target_id: str, status: int | None, error_type: str | N
     """
     seconds = time.perf_counter() - call.started
     metrics = call.state.metrics
+    # a success also counts in requests_total and generate_duration (RouterMetrics.observe)
     metrics.observe(target_id, call.route, "error" if status is None else status_class(status), seconds)
-    if status is not None:
-        if 200 <= status < 300:
-            metrics.child(metrics.requests_total, call.route).inc()
-            metrics.generate_duration.observe(seconds)
-        elif error_type is not None:
+    if status is not None and not 200 <= status < 300:
+        if error_type is not None:
             metrics.child(metrics.request_errors, call.route, error_type).inc()
         elif is_retryable(status):
             metrics.child(metrics.retries_exhausted, call.route).inc()
@@ -493,7 +491,7 @@ async def _proxy(call: _Call) -> Answer:
     tracing.inject(call.headers)
 
     try:
-        chooser: _Native | _Program = _Native(call, body)
+        first: ProgramTicket | None = None
         if state.gate is not None:
             asked = time.perf_counter()
             try:
@@ -502,8 +500,8 @@ async def _proxy(call: _Call) -> Answer:
                 return _fail(call, refused.status, str(refused), refused.error_type)
             finally:
                 tracing.annotate(pooled_seconds=time.perf_counter() - asked)
-            if first is not None:
-                chooser = _Program(call, body, first)
+        # A Program request is never routed natively: no policy input is built for it.
+        chooser = _Native(call, body) if first is None else _Program(call, body, first)
         tracing.annotate(scheduling="program" if isinstance(chooser, _Program) else "native")
         return await _relay(call, chooser)
     except asyncio.CancelledError:

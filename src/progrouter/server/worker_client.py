@@ -47,9 +47,12 @@ class WorkerError(Exception):
     """The worker's connection failed before its answer was whole, or the answer was not HTTP/1.1."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Endpoint:
-    """Where a worker base URL's requests go: the address to connect to and what each request line says."""
+    """Where a worker base URL's requests go: the address to connect to and what each request line says.
+
+    One per base URL (``WorkerClient._endpoints``), so identity is equality: as a key of the idle pool (twice
+    a request) it hashes as any object does, not through a generated ``__hash__`` of its fields."""
 
     host: str
     port: int
