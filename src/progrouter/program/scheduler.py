@@ -282,9 +282,13 @@ class ProgramScheduler:
             or program.placement_epoch != dispatch.placement_epoch
             or program.placement != dispatch.target.id
         ):
-            core.observer.event(
-                "debug", "stale_completion", program=dispatch.program.redacted_id(), target=dispatch.target.id
-            )
+            if core.debugging:
+                core.observer.event(
+                    "debug",
+                    "stale_completion",
+                    program=dispatch.program.redacted_id(),
+                    target=dispatch.target.id,
+                )
             return
         lifecycle.complete(
             core,
@@ -301,6 +305,7 @@ class ProgramScheduler:
     def tick(self, now: float) -> None:
         """The periodic pass (every ``metrics_interval_seconds``, and at ``next_deadline``)."""
         core = self._core
+        core.attend()  # a log level changed since the last tick takes effect now
         self._advance(now)
         report_accounting_sources(core, core.ledger.review_sources(core.targets, now), now)
         if not self.config.binding_only:
@@ -340,16 +345,17 @@ class ProgramScheduler:
             account = core.ledger.accounts[target_id]
             observation = account.observation
             assert observation is not None
-            core.observer.event(
-                "debug",
-                "capacity_observation",
-                target=target_id,
-                kv_cache_usage=observation.kv_cache_usage,
-                running=observation.running,
-                waiting=observation.waiting,
-                estimated_active_program_tokens=account.est_active_program_tokens,
-                delta_since_checkpoint=account.delta,
-            )
+            if core.debugging:
+                core.observer.event(
+                    "debug",
+                    "capacity_observation",
+                    target=target_id,
+                    kv_cache_usage=observation.kv_cache_usage,
+                    running=observation.running,
+                    waiting=observation.waiting,
+                    estimated_active_program_tokens=account.est_active_program_tokens,
+                    delta_since_checkpoint=account.delta,
+                )
         self._decide(now)
 
     def observe_residency(self, now: float, reports: Mapping[tuple[str, str], residency.Report]) -> None:
