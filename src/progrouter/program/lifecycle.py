@@ -264,7 +264,7 @@ def _observe_shared_prefix(
     if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
         return
     lifetime = shared_prefix_lifetime(
-        core.config, core.factors.get(target), len(core.table.rank(target).reasoning)
+        core.config, core.factors.get(target), len(core.table.ranks[target].reasoning)
     )
     # Missing cached usage is no evidence of a shared prefix: it observes 0.
     program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
@@ -472,7 +472,7 @@ def segment_yield(core: Completing, program: Program, now: float) -> None:
         return
     decode_buffer = core.config.decode_buffer_tokens
     if required_tokens(waiter, core.pool.front_hints(waiter), decode_buffer) > future_relief(
-        core.table.rank(target), decode_buffer
+        core.table.ranks[target], decode_buffer
     ):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
 
@@ -482,7 +482,7 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
     high, low = core.high_tokens, core.low_tokens
     if high is None or low is None:
         return
-    rank = core.table.rank(target_id)
+    rank = core.table.ranks[target_id]
     if not rank.active_count:
         return
     factors = core.factors.get(target_id)

@@ -100,7 +100,7 @@ class ProgramScheduler:
         moved: list[Program] = []
         for target_id in removed:
             core.target_pools[target_id].discard(model_pool)
-            rank = core.table.rank(target_id)
+            rank = core.table.ranks[target_id]
             moved.extend(p for p in rank.attributed if p.ref.model_pool == model_pool)
         if new_ids:
             moved.extend(core.table.unbound(model_pool))
@@ -322,7 +322,7 @@ class ProgramScheduler:
     def begin_observation(self, now: float) -> ObservationEpoch:
         """Checkpoint the ledger of every known Rank before a scrape of their metrics starts."""
         core = self._core
-        checkpoints = {t: core.ledger.checkpoint(t, core.table.rank(t)) for t in core.targets}
+        checkpoints = {t: core.ledger.checkpoint(t, core.table.ranks[t]) for t in core.targets}
         return ObservationEpoch(core.ledger.revision, now, checkpoints)
 
     def apply_observations(
@@ -456,8 +456,8 @@ class ProgramScheduler:
             lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
-        while agenda:
-            for target_id, full in agenda.take():
+        while due := agenda.take():
+            for target_id, full in due:
                 if target_id not in core.targets:
                     agenda.settled(target_id)
                     continue
