@@ -498,12 +498,12 @@ class ProgramTable:
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
         before_state, before_status = program.state, program.status
-        after = TRANSITIONS[event].get((before_state, before_status), _MISSING)
-        if after is _MISSING:
+        allowed, before = TRANSITIONS[event], (before_state, before_status)
+        if before not in allowed:
             raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
+        after = allowed[before]
         if after is None:
             return
-        assert isinstance(after, tuple)
         program.state, program.status = after
         if after[1] is before_status or before_state is not ProgramState.ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
