@@ -139,6 +139,46 @@ def test_the_no_gain_bound_answers_exactly_what_the_grid_answers() -> None:
     assert close > 5
 
 
+def _grid_scored_point_by_point(fit: LogNormalFit, impact: float, max_ttl: float) -> float:
+    """The grid's argmax as it was computed before the shortcuts: every candidate, in order, scored."""
+    best_ttl, best_utility = 0.0, 0.0
+    for ttl in policy.acting_ttl_candidates(max_ttl):
+        if ttl <= 0.0:
+            continue
+        z = (math.log(ttl) - fit.mu) / fit.sigma
+        hit = 0.5 * math.erfc(-z * policy._SQRT1_2)
+        utility = impact * hit - fit.mean * 0.5 * math.erfc(-(z - fit.sigma) * policy._SQRT1_2)
+        utility -= ttl * (1.0 - hit)
+        if utility >= best_utility:
+            best_ttl, best_utility = ttl, utility
+    return best_ttl
+
+
+def test_intervals_far_inside_the_shortest_ttl_answer_what_the_grid_answers() -> None:
+    """When every tool gap returns far within the shortest candidate (both erfc terms exactly 2.0 at every
+    point), the grid's answer is its last point (or 0) without scoring it: over a seeded sweep across that
+    boundary (z at the shortest candidate from 2 to 20, σ from 1e-6 to 2, and gaps about as long as the
+    cold start) the answer equals the grid scored point by point; both sides are reached often."""
+    rng = np.random.default_rng(7)
+    taken = scored = 0
+    for _ in range(4_000):
+        impact = float(10 ** rng.uniform(-2.0, 1.0))
+        max_ttl = min(float(rng.choice([10.0, 600.0, impact * 0.5])), impact)
+        sigma = float(10 ** rng.uniform(-6.0, 0.3))
+        least = min(math.log(ttl) for ttl in policy.acting_ttl_candidates(max_ttl) if ttl > 0.0)
+        mu = least - float(rng.uniform(2.0, 20.0)) * sigma
+        if rng.random() < 0.2:  # gaps about as long as the cold start: scored
+            mu = math.log(impact) + float(rng.uniform(-1.0, 1.0)) * sigma
+        fit = LogNormalFit(mu=mu, sigma=sigma, samples=100)
+        assert policy._grid_argmax(fit, impact, max_ttl) == _grid_scored_point_by_point(fit, impact, max_ttl)
+        if -((least - mu) / sigma - sigma) * policy._SQRT1_2 <= policy._ERFC_IS_TWO:
+            taken += 1
+        else:
+            scored += 1
+    assert math.erfc(policy._ERFC_IS_TWO) == 2.0
+    assert taken > 1_000 and scored > 1_000
+
+
 def test_fitted_ttl_is_zero_until_the_continuity_window_is_complete() -> None:
     intervals = lognormal_quantile_sample(mu=-1.0, sigma=0.5)
     assert policy.fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=False) == 0.0

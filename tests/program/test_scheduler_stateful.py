@@ -262,7 +262,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if program.state is ProgramState.ACTIVE:
                 assert program.placement is not None and program.placement == program.last_target
                 charged[program.placement] = charged.get(program.placement, 0) + program.charged_tokens
-                rank = core.table.rank(program.placement)
+                rank = core.table.ranks[program.placement]
                 index = rank.reasoning if program.status is ProgramStatus.REASONING else rank.acting
                 assert program in index
                 assert waiting == 0 and program.queue_key is None
@@ -273,7 +273,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)
         for target_id in core.targets:
             assert core.ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
-            rank = core.table.rank(target_id)
+            rank = core.table.ranks[target_id]
             histogram = [0] * len(rank.rounds)
             impacts = [0.0] * len(rank.rounds)
             for program in rank.active():
@@ -322,7 +322,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
         for target_id in core.targets:
             assert core.ledger.ledger_tokens(target_id) == 0
-            assert core.table.rank(target_id).active_count == 0
+            assert core.table.ranks[target_id].active_count == 0
         assert self.scheduler.diagnostics(self.now)["retained_requests"] == 0
 
 

@@ -142,3 +142,12 @@ def test_bound_updates_stay_checked_and_forgetting_rebinds() -> None:
     obs.forget_target(T)  # and the series set again is tracked again, so it can be forgotten again
     assert value(registry, PREFIX + "rank_queue_size", target=T) is None
     assert value(registry, PREFIX + "request_interval_seconds_count", target=T) == 2
+
+
+def test_debug_events_are_wanted_only_while_the_logger_is_enabled_for_them() -> None:
+    logger = logging.getLogger("progrouter.program.test_wants_debug")
+    obs = PrometheusObserver(CollectorRegistry(), strict=True, logger=logger)
+    logger.setLevel(logging.INFO)
+    assert not obs.wants_debug()
+    logger.setLevel(logging.DEBUG)
+    assert obs.wants_debug()

@@ -95,7 +95,7 @@ class RankView:
         threshold = config.admission_waiting_request_threshold
         self.waiting = 0 if observation is None else observation.waiting  # vLLM's, if freshly observed
         self.gate_blocked = threshold > 0 and self.waiting >= threshold
-        self.active = active = len(rank.reasoning) + len(rank.acting)
+        self.active = active = rank.active_count
         self.count_fits = count_fits(active, config)
         self.overflow_busy = rank.overflow is not None
         self.used = used
@@ -282,7 +282,7 @@ def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
     """The view of one Rank now, from the table, the rolling statistics and the ledger."""
     observation, used = core.ledger.admission_facts(target_id, now)
     return RankView(
-        core.config, target_id, core.table.rank(target_id), core.factors.get(target_id), observation, used
+        core.config, target_id, core.table.ranks[target_id], core.factors.get(target_id), observation, used
     )
 
 

@@ -26,9 +26,6 @@ class Agenda:
         self._candidates: set[str] = set()
         self._examined: dict[str, RankView] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self._changed or self._candidates)
-
     def capacity_changed(self, target_id: str) -> None:
         self._changed.add(target_id)
         self._examined.pop(target_id, None)
@@ -45,11 +42,13 @@ class Agenda:
         self._candidates.add(target_id)
 
     def take(self) -> list[tuple[str, bool]]:
-        """The Ranks on the agenda now, in id order, each with whether it needs a full pass; their new
-        candidates are taken (a Rank's pass only ever puts that Rank back on the agenda)."""
-        changed = self._changed
-        due = [(t, t in changed) for t in sorted(changed | self._candidates)]
-        self._candidates.clear()
+        """The Ranks on the agenda now (none: it is empty), in id order, each with whether it needs a full
+        pass; their new candidates are taken (a Rank's pass only ever puts that Rank back on the agenda)."""
+        changed, candidates = self._changed, self._candidates
+        if not candidates:
+            return [(t, True) for t in sorted(changed)] if changed else []
+        due = [(t, t in changed) for t in sorted(changed | candidates)]
+        candidates.clear()
         return due
 
     def settled(self, target_id: str) -> None:

@@ -32,6 +32,7 @@ class Core:
         "agenda",
         "binder",
         "config",
+        "debugging",
         "factors",
         "high_tokens",
         "ledger",
@@ -63,7 +64,9 @@ class Core:
         self.config = config
         self.observer = observer
         # decided once: with the no-op observer the hot paths skip building metrics and events at all
-        self.observing = not isinstance(observer, NullObserver)
+        self.observing = type(observer) is not NullObserver
+        self.debugging = False  # whether debug events are built at all (``attend``)
+        self.attend()
         capacity = config.token_capacity_per_dp_rank
         self.low_tokens: float | None = None if capacity is None else capacity * config.low_watermark_ratio
         self.high_tokens: float | None = None if capacity is None else capacity * config.high_watermark_ratio
@@ -88,6 +91,11 @@ class Core:
         self.outstanding: dict[int, ProgramDispatch] = {}  # handle id -> dispatch awaiting completion
         # idle Paused Programs, oldest first (lifecycle's): past max_paused_programs the oldest is released
         self.paused_idle: dict[Program, None] = {}
+
+    def attend(self) -> None:
+        """Ask the observer again whether it keeps debug events (its log level may have changed): at start
+        and every tick."""
+        self.debugging = self.observing and self.observer.wants_debug()
 
     def rank_factors(self, target_id: str) -> RankFactors:
         factors = self.factors.get(target_id)

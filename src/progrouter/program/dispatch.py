@@ -30,6 +30,7 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
     target = core.targets[target_id]
     pool = core.pool
     observer = core.observer if core.observing else None
+    debugging = core.debugging
     while pool.waiting(program):
         request = pool.pop_front(program)
         first = core.table.dispatched(program)
@@ -51,7 +52,8 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
         core.binder.commit(request.routing_text, target_id)
         if observer is not None:
             observer.histogram("queue_wait_seconds", queued, target=target_id)
-            observer.event(
+        if debugging:
+            core.observer.event(
                 "debug",
                 "request_dispatch",
                 program=program.redacted,

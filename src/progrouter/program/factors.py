@@ -62,10 +62,6 @@ class LogNormalFit(NamedTuple):
 MIN_LOG_SIGMA = 1e-6
 
 
-def _usable_interval(interval: float) -> bool:
-    return math.isfinite(interval) and interval > 0.0
-
-
 class RankFactors:
     """Bounded rolling windows of one Rank with O(1) averages."""
 
@@ -145,7 +141,7 @@ class RankFactors:
             self._remove_continuity(self._continuity.popleft(), self._logs.popleft())
             self._continuity_evictions += 1
         interval = sample.interval_seconds
-        log = math.log(interval) if _usable_interval(interval) else None
+        log = math.log(interval) if 0.0 < interval < math.inf else None  # positive and finite (not NaN)
         self._continuity.append(sample)
         self._logs.append(log)
         self._add_continuity(sample, log)

@@ -47,7 +47,6 @@ from progrouter.program.types import UsageObservation
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
-    from progrouter.program.observer import SchedulerObserver
     from progrouter.program.state import Program, ProgramTable, RankPrograms
     from progrouter.program.views import Arriving, Completing, Pausing, Repairing
 
@@ -118,6 +117,7 @@ def record_continuity(core: Arriving, program: Program, now: float) -> None:
     )
     if core.observing:
         core.observer.histogram("request_interval_seconds", interval, target=target)
+    if core.debugging:
         core.observer.event(
             "debug",
             "continuity_sample",
@@ -253,9 +253,7 @@ def _segment_bookkeeping(
         segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
     )
     if core.observing:
-        _report_cache(
-            core.observer, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous
-        )
+        _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
 
 
 def _observe_shared_prefix(
@@ -266,7 +264,7 @@ def _observe_shared_prefix(
     if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
         return
     lifetime = shared_prefix_lifetime(
-        core.config, core.factors.get(target), len(core.table.rank(target).reasoning)
+        core.config, core.factors.get(target), len(core.table.ranks[target].reasoning)
     )
     # Missing cached usage is no evidence of a shared prefix: it observes 0.
     program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
@@ -275,7 +273,7 @@ def _observe_shared_prefix(
 
 
 def _report_cache(
-    observer: SchedulerObserver,
+    core: Pausing,
     program: Program,
     dispatch: ProgramDispatch,
     prompt: int,
@@ -285,6 +283,7 @@ def _report_cache(
     previous: int,
     continuous: bool,
 ) -> None:
+    observer = core.observer
     target = dispatch.target.id
     if (
         explicit_cached is not None
@@ -306,17 +305,18 @@ def _report_cache(
             cache_miss_impact_seconds=impact,
             segment_served_rounds=program.segment.served_rounds,
         )
-    observer.event(
-        "debug",
-        "cache_observation",
-        program=program.redacted,
-        target=target,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        explicit_cached=explicit_cached is not None,
-        continuous=continuous,
-        cache_miss_impact_seconds=impact,
-    )
+    if core.debugging:
+        observer.event(
+            "debug",
+            "cache_observation",
+            program=program.redacted,
+            target=target,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            explicit_cached=explicit_cached is not None,
+            continuous=continuous,
+            cache_miss_impact_seconds=impact,
+        )
     observer.histogram("cache_miss_impact_seconds", impact, target=target)
 
 
@@ -345,6 +345,7 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
     ttl = max(0.0, ttl)
     if core.observing:
         core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
+    if core.debugging:
         core.observer.event(
             "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
         )
@@ -471,7 +472,7 @@ def segment_yield(core: Completing, program: Program, now: float) -> None:
         return
     decode_buffer = core.config.decode_buffer_tokens
     if required_tokens(waiter, core.pool.front_hints(waiter), decode_buffer) > future_relief(
-        core.table.rank(target), decode_buffer
+        core.table.ranks[target], decode_buffer
     ):
         pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
 
@@ -481,7 +482,7 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
     high, low = core.high_tokens, core.low_tokens
     if high is None or low is None:
         return
-    rank = core.table.rank(target_id)
+    rank = core.table.ranks[target_id]
     if not rank.active_count:
         return
     factors = core.factors.get(target_id)

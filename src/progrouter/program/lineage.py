@@ -45,6 +45,8 @@ class ProgramLineage:
         """``observe`` without looking the root up (a request's arrival records the links only)."""
         program = (model_pool, program_id)
         self._parents.setdefault(program, program)
+        if parent_program_id is None and root_program_id is None:
+            return  # the common request: nothing declared, nothing to check
         for related in (parent_program_id, root_program_id):
             if related is None or related == program_id:
                 continue

@@ -42,7 +42,7 @@ def kv_turnover_seconds(core: RankSource, target_id: str) -> float:
         1.0,
         config.token_capacity_per_dp_rank,
         factors.average_e2e_seconds(),
-        len(core.table.rank(target_id).reasoning),
+        len(core.table.ranks[target_id].reasoning),
         factors.average_uncached_prompt_tokens(),
         factors.request_window_complete(),
     )

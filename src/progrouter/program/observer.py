@@ -30,6 +30,11 @@ class SchedulerObserver(Protocol):
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         """A structured log event (``event=name``), e.g. ``program_admit`` at info."""
 
+    def wants_debug(self) -> bool:
+        """Whether it keeps debug events now. The core asks when it starts and at every tick, and builds no
+        debug event in between while the answer is no (their fields — redacted ids, floats — cost more than
+        the metrics beside them); metrics and the other levels are always reported."""
+
 
 class NullObserver:
     """Observes nothing: the default for library use and benchmarks of the core."""
@@ -48,6 +53,9 @@ class NullObserver:
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         return None
+
+    def wants_debug(self) -> bool:
+        return False
 
 
 @dataclass
@@ -75,6 +83,9 @@ class RecordingObserver:
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         self.events.append((level, name, fields))
+
+    def wants_debug(self) -> bool:
+        return True
 
     def events_named(self, name: str) -> list[dict[str, Any]]:
         return [f for _, n, f in self.events if n == name]

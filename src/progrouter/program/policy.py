@@ -151,18 +151,43 @@ def _no_candidate_gains(fit: LogNormalFit, impact_seconds: float, max_ttl: float
     return impact_seconds * hit < 0.5 * min_ttl * (1.0 - hit)
 
 
+class _Grid(NamedTuple):
+    """``acting_ttl_candidates(max_ttl)``'s positive points in order, each with its logarithm, and the least
+    logarithm among them."""
+
+    points: tuple[tuple[float, float], ...]
+    least_log: float
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid(max_ttl: float) -> _Grid:
+    """Cached beside the candidates: a fit that moved scores the same points again."""
+    points = tuple((ttl, math.log(ttl)) for ttl in acting_ttl_candidates(max_ttl) if ttl > 0.0)
+    return _Grid(points, min(log_ttl for _, log_ttl in points))
+
+
+#: ``math.erfc(x)`` is exactly 2.0 for every x at or below this (fdlibm's erfc, glibc's and musl's too:
+#: "x <= -6: return two - tiny"); tests/program/test_policy.py checks the grid against it.
+_ERFC_IS_TWO = -6.0
+
+
 def _grid_argmax(fit: LogNormalFit, impact_seconds: float, max_ttl: float) -> float:
     """The candidate of ``acting_ttl_candidates(max_ttl)`` with the largest utility (ties: the later)."""
     # U(d) = C·Φ(z) − m·Φ(z − σ) − d·(1 − Φ(z)), z = (ln d − μ)/σ, m = E[T]; U(0) = 0: the expected
     # seconds saved by holding the KV for d (the recompute C avoided when the next request comes back within
     # d, minus the time the KV sits idle: the gap itself when it returns in time, d when it does not).
     mu, sigma, half_mean = fit.mu, fit.sigma, fit.mean * 0.5
-    erfc, log, k = math.erfc, math.log, _SQRT1_2
+    erfc, k = math.erfc, _SQRT1_2
+    grid = _grid(max_ttl)
+    if max_ttl < math.inf and -((grid.least_log - mu) / sigma - sigma) * k <= _ERFC_IS_TWO:
+        # Every interval returns well within the shortest candidate (tool calls far shorter than the least
+        # TTL): both erfc terms are exactly 2.0 at every point (their arguments only fall as d grows, and
+        # σ > 0), so every U(d) is the same float, and the grid's answer is its last point if that is ≥ 0.
+        utility = impact_seconds * 1.0 - half_mean * 2.0 - 0.0
+        return grid.points[-1][0] if utility >= 0.0 else 0.0
     best_ttl, best_utility = 0.0, 0.0  # U(0) = 0: the candidate 0 comes first
-    for ttl in acting_ttl_candidates(max_ttl):
-        if ttl <= 0.0:
-            continue
-        z = (log(ttl) - mu) / sigma
+    for ttl, log_ttl in grid.points:
+        z = (log_ttl - mu) / sigma
         hit = 0.5 * erfc(-z * k)
         utility = impact_seconds * hit - half_mean * erfc(-(z - sigma) * k) - ttl * (1.0 - hit)
         if utility >= best_utility:

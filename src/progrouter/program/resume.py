@@ -253,7 +253,7 @@ class ForceResumeWork:
         throughput = 0.0 if factors is None else factors.request_throughput_per_second()
         active = 0.0
         if rounds > 0 and throughput > 0.0:
-            rank = core.table.rank(target)
+            rank = core.table.ranks[target]
             active = total_active_remaining_rounds(
                 rounds,
                 (p.rounds_since_activation for p in rank.reasoning),
@@ -392,7 +392,7 @@ def _count_refuses_all(
     pass needs no ``RankView``: it refuses every unforced one whatever the Rank's other facts, and a forced
     one passes a refusal only while the Rank holds no admission past its limits (``plan``). (A full Rank's
     common case: the pass after an admission, an arrival behind it.)"""
-    rank = core.table.rank(target_id)
+    rank = core.table.ranks[target_id]
     if count_fits(rank.active_count, core.config):
         return False
     if rank.overflow is not None:

@@ -100,7 +100,7 @@ class ProgramScheduler:
         moved: list[Program] = []
         for target_id in removed:
             core.target_pools[target_id].discard(model_pool)
-            rank = core.table.rank(target_id)
+            rank = core.table.ranks[target_id]
             moved.extend(p for p in rank.attributed if p.ref.model_pool == model_pool)
         if new_ids:
             moved.extend(core.table.unbound(model_pool))
@@ -282,9 +282,13 @@ class ProgramScheduler:
             or program.placement_epoch != dispatch.placement_epoch
             or program.placement != dispatch.target.id
         ):
-            core.observer.event(
-                "debug", "stale_completion", program=dispatch.program.redacted_id(), target=dispatch.target.id
-            )
+            if core.debugging:
+                core.observer.event(
+                    "debug",
+                    "stale_completion",
+                    program=dispatch.program.redacted_id(),
+                    target=dispatch.target.id,
+                )
             return
         lifecycle.complete(
             core,
@@ -301,6 +305,7 @@ class ProgramScheduler:
     def tick(self, now: float) -> None:
         """The periodic pass (every ``metrics_interval_seconds``, and at ``next_deadline``)."""
         core = self._core
+        core.attend()  # a log level changed since the last tick takes effect now
         self._advance(now)
         report_accounting_sources(core, core.ledger.review_sources(core.targets, now), now)
         if not self.config.binding_only:
@@ -317,7 +322,7 @@ class ProgramScheduler:
     def begin_observation(self, now: float) -> ObservationEpoch:
         """Checkpoint the ledger of every known Rank before a scrape of their metrics starts."""
         core = self._core
-        checkpoints = {t: core.ledger.checkpoint(t, core.table.rank(t)) for t in core.targets}
+        checkpoints = {t: core.ledger.checkpoint(t, core.table.ranks[t]) for t in core.targets}
         return ObservationEpoch(core.ledger.revision, now, checkpoints)
 
     def apply_observations(
@@ -340,16 +345,17 @@ class ProgramScheduler:
             account = core.ledger.accounts[target_id]
             observation = account.observation
             assert observation is not None
-            core.observer.event(
-                "debug",
-                "capacity_observation",
-                target=target_id,
-                kv_cache_usage=observation.kv_cache_usage,
-                running=observation.running,
-                waiting=observation.waiting,
-                estimated_active_program_tokens=account.est_active_program_tokens,
-                delta_since_checkpoint=account.delta,
-            )
+            if core.debugging:
+                core.observer.event(
+                    "debug",
+                    "capacity_observation",
+                    target=target_id,
+                    kv_cache_usage=observation.kv_cache_usage,
+                    running=observation.running,
+                    waiting=observation.waiting,
+                    estimated_active_program_tokens=account.est_active_program_tokens,
+                    delta_since_checkpoint=account.delta,
+                )
         self._decide(now)
 
     def observe_residency(self, now: float, reports: Mapping[tuple[str, str], residency.Report]) -> None:
@@ -450,8 +456,8 @@ class ProgramScheduler:
             lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
         repair = not self.config.binding_only
-        while agenda:
-            for target_id, full in agenda.take():
+        while due := agenda.take():
+            for target_id, full in due:
                 if target_id not in core.targets:
                     agenda.settled(target_id)
                     continue

@@ -237,6 +237,7 @@ class RankPrograms:
     __slots__ = (
         "_top",
         "acting",
+        "active_count",
         "attributed",
         "impacts",
         "marked",
@@ -249,6 +250,7 @@ class RankPrograms:
     def __init__(self, max_rounds: int) -> None:
         self.reasoning: dict[Program, None] = {}  # Active+Reasoning placed here
         self.acting: dict[Program, None] = {}  # Active+Acting placed here
+        self.active_count = 0  # len(reasoning) + len(acting), read on every scheduling pass
         self.marked: dict[Program, None] = {}  # Active Programs marked pause_when_idle (capacity repair)
         self.attributed: dict[Program, None] = {}  # every live Program whose last_target is this Rank
         # Active Programs by rounds_since_activation (the last bucket holds max_rounds and above), and the
@@ -287,10 +289,6 @@ class RankPrograms:
                 impact += self.impacts[r]
         return count, remaining, impact
 
-    @property
-    def active_count(self) -> int:
-        return len(self.reasoning) + len(self.acting)
-
     def active(self) -> Iterator[Program]:
         yield from self.reasoning
         yield from self.acting
@@ -322,7 +320,7 @@ class ProgramTable:
         # returning id continues its numbering; older ones start again at 0 (epochs keep completions safe).
         self._fence_size = fence_size
         self._released: dict[tuple[str, str], int] = {}
-        self._ranks = _Ranks(max_rounds)
+        self.ranks = _Ranks(max_rounds)  # target id -> its indexes, made on first use: read-only outside
         self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
         self._serials = itertools.count()
         self._epochs = itertools.count(1)
@@ -342,12 +340,9 @@ class ProgramTable:
         program = self._programs.get((ref.model_pool, ref.program_id))
         return program if program is not None and program.ref.generation == ref.generation else None
 
-    def rank(self, target_id: str) -> RankPrograms:
-        return self._ranks[target_id]  # made on first use (``_Ranks``)
-
     def peek_rank(self, target_id: str) -> RankPrograms:
         """A Rank's indexes for reading only: an unknown Rank reads as empty and stays unknown."""
-        ranks = self._ranks.get(target_id)
+        ranks = self.ranks.get(target_id)
         return ranks if ranks is not None else RankPrograms(self._max_rounds)
 
     def unbound(self, model_pool: str) -> list[Program]:
@@ -355,9 +350,9 @@ class ProgramTable:
 
     def forget_rank(self, target_id: str) -> None:
         """Drop the indexes of a Rank that left every pool (its Programs were moved already)."""
-        ranks = self._ranks.get(target_id)
+        ranks = self.ranks.get(target_id)
         if ranks is not None and not ranks.attributed and not ranks.active_count:
-            del self._ranks[target_id]
+            del self.ranks[target_id]
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def materialize(
@@ -394,8 +389,9 @@ class ProgramTable:
         program.placement_start_pending = True
         program.rounds_since_activation = 0
         self._attribute(program, target_id)
-        rank = self.rank(target_id)
+        rank = self.ranks[target_id]
         rank.reasoning[program] = None
+        rank.active_count += 1
         rank.reasoning_context += program.estimated_context_tokens
         rank._enter(program)
         if overflow:
@@ -404,7 +400,7 @@ class ProgramTable:
 
     def count_round(self, program: Program) -> None:
         """One more continuous round served since activation (kept in the Rank's round histogram)."""
-        rank = None if program.placement is None else self.rank(program.placement)
+        rank = None if program.placement is None else self.ranks[program.placement]
         if rank is not None:
             rank._leave(program)
         program.rounds_since_activation += 1
@@ -414,12 +410,12 @@ class ProgramTable:
     def set_context(self, program: Program, tokens: int) -> None:
         """The Program's context estimate (indexed while it is Active+Reasoning)."""
         if program.placement is not None and program.status is ProgramStatus.REASONING:
-            self.rank(program.placement).reasoning_context += tokens - program.estimated_context_tokens
+            self.ranks[program.placement].reasoning_context += tokens - program.estimated_context_tokens
         program.estimated_context_tokens = tokens
 
     def set_impact(self, program: Program, seconds: float) -> None:
         """The cache-miss impact of the Program's last completion (indexed while it is Active)."""
-        rank = None if program.placement is None else self.rank(program.placement)
+        rank = None if program.placement is None else self.ranks[program.placement]
         if rank is not None:
             rank._leave(program)
         program.last_cache_miss_impact_seconds = seconds
@@ -493,7 +489,7 @@ class ProgramTable:
         program.pause_when_idle = marked
         if program.placement is None:
             return
-        rank = self.rank(program.placement)
+        rank = self.ranks[program.placement]
         if marked:
             rank.marked[program] = None
         else:
@@ -502,18 +498,18 @@ class ProgramTable:
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
         before_state, before_status = program.state, program.status
-        after = TRANSITIONS[event].get((before_state, before_status), _MISSING)
-        if after is _MISSING:
+        allowed, before = TRANSITIONS[event], (before_state, before_status)
+        if before not in allowed:
             raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
+        after = allowed[before]
         if after is None:
             return
-        assert isinstance(after, tuple)
         program.state, program.status = after
         if after[1] is before_status or before_state is not ProgramState.ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
         target = program.placement
         if target is not None and after[0] is ProgramState.ACTIVE:
-            rank = self._ranks[target]
+            rank = self.ranks[target]
             if after[1] is ProgramStatus.REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
@@ -530,10 +526,12 @@ class ProgramTable:
         return False
 
     def _leave_placement(self, program: Program, target: str) -> None:
-        rank = self.rank(target)
+        rank = self.ranks[target]
         if rank.reasoning.pop(program, _MISSING) is not _MISSING:
             rank.reasoning_context -= program.estimated_context_tokens
-        rank.acting.pop(program, None)
+            rank.active_count -= 1
+        elif rank.acting.pop(program, _MISSING) is not _MISSING:
+            rank.active_count -= 1
         rank.marked.pop(program, None)
         rank._leave(program)
         if rank.overflow is program:
@@ -547,12 +545,12 @@ class ProgramTable:
         """Move ``program`` to the ``attributed`` index of ``target_id`` (or the pool's unbound set)."""
         old = program.last_target
         if old is not None:
-            self.rank(old).attributed.pop(program, None)
+            self.ranks[old].attributed.pop(program, None)
         else:
             self._unbound.get(program.ref.model_pool, {}).pop(program, None)
         program.last_target = target_id
         if target_id is not None:
-            self.rank(target_id).attributed[program] = None
+            self.ranks[target_id].attributed[program] = None
         elif unbind:
             self._unbound.setdefault(program.ref.model_pool, {})[program] = None
 

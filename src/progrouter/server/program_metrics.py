@@ -265,6 +265,10 @@ class PrometheusObserver:
                 numeric, "event=%s%s", name, _Fields(fields), extra={"event": name, "fields": fields}
             )
 
+    def wants_debug(self) -> bool:
+        """Debug events only go to the log (the feed shows none), so only a logger enabled for them does."""
+        return self.log.isEnabledFor(logging.DEBUG)
+
     def rejected(self, error: ScheduleError) -> None:
         """Count a refused request by its reason (a bounded label: the kind of error, never its text)."""
         self._rejections[REJECTION_REASONS.get(type(error), OTHER_REJECTION)].inc()
