@@ -18,7 +18,15 @@ cumulative CPU per request: each function's share of the samples times the CPU p
 /proc over the same segment. Samples come one per kernel tick of CPU (4 ms here), so use ``--requests``
 ≥ 1500 for shares good to a percent or two.
 
+``--paired OTHER_SRC`` compares this tree with another one (its ``src`` directory) on a shared machine, where
+single runs move by ±25 %: the other tree's router, this tree's and upstream's run at once against one worker,
+and each of ``--chunks`` chunks sends ``--requests`` requests at concurrency 1 and as many at 32 of each load
+through the three in turn (the order rotating from chunk to chunk), router CPU from /proc around each. It
+prints per load each router's median CPU µs per request, the median and interquartile range of this/other per
+chunk, the ratio of the sums, and each tree's CPU over upstream's in the same chunks (median).
+
     .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
+    .venv/bin/python bench/overhead.py --paired ../main/src [--requests 400] [--chunks 30]
 """
 
 from __future__ import annotations
@@ -192,6 +200,7 @@ class Row:
 
 
 def _router_argv(router: str, worker_port: int, port: int) -> list[str]:
+    """The command line of ``router`` ("upstream", or progrouter's ``serve`` arguments)."""
     flags = [
         "--worker-urls", f"http://127.0.0.1:{worker_port}",
         "--host", "127.0.0.1",
@@ -283,6 +292,80 @@ async def measure_floor(worker_pid: int, worker_port: int, requests: int) -> lis
             ]
             rows.append(Row(FLOOR, load, sum(per_request), per_request[1], 0.0, many.rps))
     return rows
+
+
+def _paired_commands(other_src: str, worker_port: int) -> dict[str, tuple[list[str], dict[str, str], str]]:
+    """Per router of ``--paired``: its command, environment and chat completions URL."""
+    here = str(ROOT / "src")
+    routers = ["other", "this", *(["upstream"] if UPSTREAM.exists() else [])]
+    commands = {}
+    for router in routers:
+        port = _free_port()
+        argv = _router_argv("upstream" if router == "upstream" else "progrouter", worker_port, port)
+        src = other_src if router == "other" else here
+        cmd = argv if router == "upstream" else [sys.executable, "-m", "progrouter", *argv]
+        env = {**os.environ, "PYTHONPATH": src, "PYTHONUNBUFFERED": "1"}
+        commands[router] = (cmd, env, f"http://127.0.0.1:{port}/v1/chat/completions")
+    return commands
+
+
+async def paired(other_src: str, requests: int, chunks: int) -> None:
+    """This tree's router against another tree's and upstream's, chunk by chunk (see the docstring)."""
+    worker_port = _free_port()
+    worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
+            commands = _paired_commands(other_src, worker_port)
+            for router, (cmd, env, _url) in commands.items():
+                procs[router] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+            for _cmd, _env, url in commands.values():
+                await _wait_ready(session, url.replace("/v1/chat/completions", "/liveness"))
+                for load in LOADS:  # warm-up
+                    await _load(session, url, load, 600, 1)
+                    await _load(session, url, load, 600, 32)
+            names = list(commands)
+            for k in range(chunks):
+                order = names[k % len(names) :] + names[: k % len(names)]
+                for load in LOADS:
+                    for router in order if k % 2 == 0 else order[::-1]:
+                        url = commands[router][2]
+                        before = sum(_tree_cpu(procs[router].pid))
+                        await _load(session, url, load, requests, 1)
+                        await _load(session, url, load, requests, 32)
+                        spent = sum(_tree_cpu(procs[router].pid)) - before
+                        cpu.setdefault((router, load), []).append(spent / (2 * requests) * 1e6)
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        worker.terminate()
+        worker.wait(timeout=30)
+    print(
+        f"paired: this tree ({ROOT}) against {other_src}, {chunks} chunks of {requests} requests at"
+        f" concurrency 1 and {requests} at 32 per load and router; load average {os.getloadavg()[0]:.1f}"
+    )
+    for load in LOADS:
+        other, this = cpu[("other", load)], cpu[("this", load)]
+        q1, median, q3 = statistics.quantiles([b / a for a, b in zip(other, this, strict=True)], n=4)
+        line = (
+            f"{load:>8}: CPU µs/req median other {statistics.median(other):.0f}, this"
+            f" {statistics.median(this):.0f}; this/other per chunk {median:.3f} (IQR {q1:.3f}–{q3:.3f}),"
+            f" sums {sum(this) / sum(other):.3f}"
+        )
+        if ("upstream", load) in cpu:
+            theirs = cpu[("upstream", load)]
+            times = {
+                side: statistics.median(a / b for a, b in zip(cpu[(side, load)], theirs, strict=True))
+                for side in ("other", "this")
+            }
+            line += (
+                f"; upstream {statistics.median(theirs):.0f}, × upstream per chunk: other"
+                f" {times['other']:.2f}, this {times['this']:.2f}"
+            )
+        print(line)
 
 
 def component(filename: str) -> str:
@@ -444,6 +527,10 @@ def main() -> int:
         help="after the table, progrouter again under a CPU sampler, one profile per load: print where"
         " its CPU per request goes; keep the samples as OUT.0 (plain), OUT.1 (Program) if given",
     )
+    parser.add_argument(
+        "--paired", metavar="OTHER_SRC", help="compare with another tree's src, chunk by chunk (see above)"
+    )
+    parser.add_argument("--chunks", type=int, default=30, help="with --paired: how many chunks")
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-profiled", default=None, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -455,7 +542,10 @@ def main() -> int:
         return 0
     import uvloop
 
-    uvloop.run(bench(args.requests, args.repeat, args.profile))
+    if args.paired is not None:
+        uvloop.run(paired(args.paired, args.requests, args.chunks))
+    else:
+        uvloop.run(bench(args.requests, args.repeat, args.profile))
     return 0
 
 

@@ -196,6 +196,25 @@ async def test_bad_heads_and_oversize_bodies_get_the_json_error_and_reach_no_wor
         assert worker.requests == []
 
 
+async def test_heads_after_served_ones_are_parsed_afresh_and_a_bad_one_still_goes_to_aiohttp(
+    served: Served,
+) -> None:
+    """The connection's parser is kept from head to head: what it read before changes nothing."""
+    worker, router = served
+    other = orjson.dumps({"model": "model-b"})
+    async with await Conn.open(router) as conn:
+        for body, extra in ((BODY, "X-A: 1\r\n"), (other, ""), (BODY, "Content-Length: 3\r\n")):
+            await conn.send(post(body, extra=extra))
+            status, _headers, reply = await conn.reply()
+            if extra.startswith("Content-Length"):  # a second, differing length: the parser refuses it
+                assert status == 400 and orjson.loads(reply)["error"]["code"] == 400
+            else:
+                assert status == 200, reply
+        assert door(router).served == 2 and door(router).handed_over == 1
+        assert [r["raw"] for r in worker.requests] == [BODY, other]
+        assert worker.requests[0]["headers"].get("X-A") == "1" and "X-A" not in worker.requests[1]["headers"]
+
+
 async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_gets_408(
     make_worker: WorkerFactory, make_router: RouterFactory
 ) -> None:

@@ -23,6 +23,8 @@ MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024
 _USAGE_MARKER = b'"usage"'
 _DONE_MARKER = b"[DONE]"
 _CACHE_READ_KEYS = ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens")
+# Objects whose own ``usage`` counts too: Anthropic's message_start, OpenAI Responses events.
+_NESTING_KEYS = ("message", "response")
 
 
 def _count(value: Any) -> int | None:
@@ -44,7 +46,7 @@ def _first_count(usage: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
 
 def _nested_count(usage: Mapping[str, Any], outer: str, inner: str) -> int | None:
     details = usage.get(outer)
-    return _count(details.get(inner)) if is_mapping(details) else None
+    return _count(details.get(inner)) if details is not None and is_mapping(details) else None
 
 
 def usage_from_object(usage: Mapping[str, Any]) -> UsageObservation:
@@ -69,19 +71,15 @@ def merge_usage_from_value(into: UsageObservation, value: Any) -> None:
     """Merge every usage object a decoded response or event carries into ``into``."""
     if not is_mapping(value):
         return
-    candidates = (
-        value.get("usage"),
-        _get(value, "message", "usage"),
-        _get(value, "response", "usage"),
-    )
-    for usage in candidates:
-        if is_mapping(usage):
-            into.merge(usage_from_object(usage))
-
-
-def _get(value: Mapping[str, Any], outer: str, inner: str) -> Any:
-    node = value.get(outer)
-    return node.get(inner) if is_mapping(node) else None
+    usage = value.get("usage")
+    if is_mapping(usage):
+        into.merge(usage_from_object(usage))
+    for outer in _NESTING_KEYS:
+        node = value.get(outer)
+        if node is not None and is_mapping(node):  # the usual answer has neither: no call for it
+            usage = node.get("usage")
+            if is_mapping(usage):
+                into.merge(usage_from_object(usage))
 
 
 def parse_json_usage(body: bytes) -> UsageObservation:

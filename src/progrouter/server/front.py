@@ -196,6 +196,7 @@ class FrontConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._request: FrontRequest | None = None  # the request being answered
+        self._parser: HttpRequestParser | None = None  # made for the first head served here
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None  # armed at or before ``_idle_due``
         self._idle_due: float | None = None  # loop time the idle connection closes (None: not idle)
@@ -280,20 +281,23 @@ class FrontConnection(asyncio.Protocol):
             else:
                 self._hand_over()
             return
-        parser = HttpRequestParser(
-            None,  # no protocol: the parser is given the head alone, never a body to stream
-            self._loop,
-            1 << 16,
-            max_line_size=_MAX_LINE,
-            max_field_size=_MAX_FIELD,
-            max_headers=_MAX_HEADERS,
-            # The message ends with its head: no body stream is built for it (a StreamReader per request,
-            # ~4 % of a plain request's CPU), as the front door reads the body itself.
-            response_with_body=False,
-            auto_decompress=False,
-        )
+        if self._parser is None:
+            self._parser = HttpRequestParser(
+                None,  # no protocol: the parser is given the head alone, never a body to stream
+                self._loop,
+                1 << 16,
+                max_line_size=_MAX_LINE,
+                max_field_size=_MAX_FIELD,
+                max_headers=_MAX_HEADERS,
+                # The message ends with its head: no body stream is built for it (a StreamReader per request,
+                # ~4 % of a plain request's CPU), as the front door reads the body itself.
+                response_with_body=False,
+                auto_decompress=False,
+            )
         try:
-            messages, upgraded, _tail = parser.feed_data(head)
+            # One parser per connection: after a whole head it waits for the next one. A head it refuses
+            # hands the connection over, so a parser in its error state is never fed again.
+            messages, upgraded, _tail = self._parser.feed_data(head)
         except HttpProcessingError:
             self._hand_over()  # aiohttp answers it in the JSON error shape
             return
