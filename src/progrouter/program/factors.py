@@ -126,25 +126,61 @@ class RankFactors:
     # ------------------------------------------------------------------ pushes
 
     def push_request(self, sample: RequestSample) -> None:
-        """Record a successful completion; the oldest sample drops once the window is full."""
-        if len(self._requests) >= self.window_size:
-            self._remove_request(self._requests.popleft())
+        """Record a successful completion; the oldest sample drops once the window is full. One is pushed
+        per completion, so the sums move here without helper calls: each loses the evicted sample's term,
+        then gains the new one's (the order two separate passes gave, so float sums stay bit for bit)."""
+        requests = self._requests
+        if len(requests) >= self.window_size:
+            old = requests.popleft()
+            self._prompt_sum = self._prompt_sum - old.prompt_tokens + sample.prompt_tokens
+            self._completion_sum = self._completion_sum - old.completion_tokens + sample.completion_tokens
+            self._cached_sum = self._cached_sum - old.cached_prompt_tokens + sample.cached_prompt_tokens
+            growth, old_growth = sample.context_growth_tokens, old.context_growth_tokens
+            if old_growth is not None:
+                self._growth_sum -= old_growth
+                self._growth_count -= 1
+            if growth is not None:
+                self._growth_sum += growth
+                self._growth_count += 1
+            self._rounds_sum = self._rounds_sum - old.rounds_since_ttl_pause + sample.rounds_since_ttl_pause
+            self._e2e_sum = self._e2e_sum - old.e2e_seconds + sample.e2e_seconds
+            self._queue_sum = self._queue_sum - old.queue_seconds + sample.queue_seconds
+            decode, old_decode = sample.decode_seconds, old.decode_seconds
+            if old_decode is not None:
+                self._decode_sum -= old_decode
+                self._decode_count -= 1
+            if decode is not None:
+                self._decode_sum += decode
+                self._decode_count += 1
+            requests.append(sample)
             self._request_evictions += 1
-        self._requests.append(sample)
+            if self._request_evictions >= self.window_size:
+                self._resum_requests()
+            return
+        requests.append(sample)
         self._add_request(sample)
-        if self._request_evictions >= self.window_size:
-            self._resum_requests()
 
     def push_continuity(self, sample: ContinuitySample) -> None:
-        """Record an arrival's gap since the Program's previous completion."""
-        if len(self._continuity) >= self.window_size:
-            self._remove_continuity(self._continuity.popleft(), self._logs.popleft())
+        """Record an arrival's gap since the Program's previous completion (the evicted sample's terms
+        leave each sum before the new one's enter, as in ``push_request``)."""
+        continuity, logs = self._continuity, self._logs
+        if len(continuity) >= self.window_size:
+            old, old_log = continuity.popleft(), logs.popleft()
+            self._impact_sum -= old.cache_miss_impact_seconds
+            if old_log is not None:
+                self._log_sum -= old_log
+                self._log_sq_sum -= old_log * old_log
+                self._log_count -= 1
             self._continuity_evictions += 1
         interval = sample.interval_seconds
         log = math.log(interval) if 0.0 < interval < math.inf else None  # positive and finite (not NaN)
-        self._continuity.append(sample)
-        self._logs.append(log)
-        self._add_continuity(sample, log)
+        continuity.append(sample)
+        logs.append(log)
+        self._impact_sum += sample.cache_miss_impact_seconds
+        if log is not None:
+            self._log_sum += log
+            self._log_sq_sum += log * log
+            self._log_count += 1
         if self._continuity_evictions >= self.window_size:
             self._resum_continuity()
         self._fit_valid = False
@@ -281,39 +317,11 @@ class RankFactors:
             self._decode_sum += s.decode_seconds
             self._decode_count += 1
 
-    def _remove_request(self, s: RequestSample) -> None:
-        self._prompt_sum -= s.prompt_tokens
-        self._completion_sum -= s.completion_tokens
-        self._cached_sum -= s.cached_prompt_tokens
-        if s.context_growth_tokens is not None:
-            self._growth_sum -= s.context_growth_tokens
-            self._growth_count -= 1
-        self._rounds_sum -= s.rounds_since_ttl_pause
-        self._e2e_sum -= s.e2e_seconds
-        self._queue_sum -= s.queue_seconds
-        if s.decode_seconds is not None:
-            self._decode_sum -= s.decode_seconds
-            self._decode_count -= 1
-
     def _resum_requests(self) -> None:
         self._e2e_sum = math.fsum(s.e2e_seconds for s in self._requests)
         self._queue_sum = math.fsum(s.queue_seconds for s in self._requests)
         self._decode_sum = math.fsum(s.decode_seconds for s in self._requests if s.decode_seconds is not None)
         self._request_evictions = 0
-
-    def _add_continuity(self, s: ContinuitySample, log: float | None) -> None:
-        self._impact_sum += s.cache_miss_impact_seconds
-        if log is not None:
-            self._log_sum += log
-            self._log_sq_sum += log * log
-            self._log_count += 1
-
-    def _remove_continuity(self, s: ContinuitySample, log: float | None) -> None:
-        self._impact_sum -= s.cache_miss_impact_seconds
-        if log is not None:
-            self._log_sum -= log
-            self._log_sq_sum -= log * log
-            self._log_count -= 1
 
     def _resum_continuity(self) -> None:
         self._impact_sum = math.fsum(s.cache_miss_impact_seconds for s in self._continuity)

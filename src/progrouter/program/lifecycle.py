@@ -168,7 +168,9 @@ def complete(
     if usage.prompt_tokens is not None:
         observe_context(core.table, program, usage.prompt_tokens)
     if success:
-        _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
+        continuous = _segment_bookkeeping(
+            core, program, dispatch, now, prompt, cached, explicit_cached, impact
+        )
         previous = program.completions.last_context_tokens
         factors.push_request(
             RequestSample(
@@ -185,7 +187,7 @@ def complete(
         )
         core.agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
         program.completions = Completions(program.completions.requests + 1, now, prompt)
-        core.table.set_impact(program, impact)
+        core.table.count_completion(program, impact, round_served=continuous)
     program.output_token_reservation = None
     if program.active and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
@@ -234,9 +236,10 @@ def _segment_bookkeeping(
     cached: int,
     explicit_cached: int | None,
     impact: float,
-) -> None:
+) -> bool:
     """Rounds and segments of a successful completion; a placement start that lost the cache begins a
-    new segment and observes the shared prefix."""
+    new segment and observes the shared prefix. Returns whether the round was continuous (the caller
+    counts it with the completion's impact, in one move of the Rank's round histogram)."""
     previous = program.completions.last_context_tokens
     continuous = cache_continuous(previous if previous > 0 else None, cached)
     segment = program.segment
@@ -244,8 +247,6 @@ def _segment_bookkeeping(
     if dispatch.placement_start_request and (previous <= 0 or not continuous):
         started_at, served = dispatch.dispatched_at, 0
         _observe_shared_prefix(core, program, dispatch.target.id, explicit_cached, now)
-    if continuous:
-        core.table.count_round(program)
     program.segment = Segment(
         started_at,
         served + 1,
@@ -254,6 +255,7 @@ def _segment_bookkeeping(
     )
     if core.observing:
         _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
+    return continuous
 
 
 def _observe_shared_prefix(

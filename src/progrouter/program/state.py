@@ -398,29 +398,41 @@ class ProgramTable:
             rank.overflow = program
         self._ledger.charge(program, target_id, tokens)
 
-    def count_round(self, program: Program) -> None:
-        """One more continuous round served since activation (kept in the Rank's round histogram)."""
-        rank = None if program.placement is None else self.ranks[program.placement]
-        if rank is not None:
-            rank._leave(program)
-        program.rounds_since_activation += 1
-        if rank is not None:
-            rank._enter(program)
+    def count_completion(self, program: Program, seconds: float, *, round_served: bool) -> None:
+        """A successful completion: one more continuous round since activation if ``round_served``, and
+        ``seconds``, its cache-miss impact. The Rank's round histogram moves once, with the same float
+        operations in the same order as leaving and entering it for each fact in turn (so its sums are
+        bit for bit what two moves give)."""
+        old = program.last_cache_miss_impact_seconds
+        rounds_since = program.rounds_since_activation
+        program.last_cache_miss_impact_seconds = seconds
+        if round_served:
+            program.rounds_since_activation = rounds_since + 1
+        target = program.placement
+        if target is None:
+            return
+        rank = self.ranks[target]
+        rounds, impacts, top = rank.rounds, rank.impacts, rank._top
+        b = rounds_since if rounds_since < top else top
+        if round_served:  # leave the old bucket, enter the next with the old impact
+            left = rounds[b] - 1
+            rounds[b] = left
+            impacts[b] = impacts[b] - old if left else 0.0
+            rounds_since += 1
+            b = rounds_since if rounds_since < top else top
+            others = rounds[b]
+            impacts[b] += old
+        else:
+            others = rounds[b] - 1
+        # leave with the old impact and enter with the new (the count is back where it was)
+        impacts[b] = (impacts[b] - old if others else 0.0) + seconds
+        rounds[b] = others + 1
 
     def set_context(self, program: Program, tokens: int) -> None:
         """The Program's context estimate (indexed while it is Active+Reasoning)."""
         if program.placement is not None and program.status is ProgramStatus.REASONING:
             self.ranks[program.placement].reasoning_context += tokens - program.estimated_context_tokens
         program.estimated_context_tokens = tokens
-
-    def set_impact(self, program: Program, seconds: float) -> None:
-        """The cache-miss impact of the Program's last completion (indexed while it is Active)."""
-        rank = None if program.placement is None else self.ranks[program.placement]
-        if rank is not None:
-            rank._leave(program)
-        program.last_cache_miss_impact_seconds = seconds
-        if rank is not None:
-            rank._enter(program)
 
     def dispatched(self, program: Program) -> bool:
         """A request of an Active Program starts; returns whether it is the first of its placement."""
