@@ -28,11 +28,9 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
     target_id = program.placement
     assert target_id is not None
     target = core.targets[target_id]
-    pool = core.pool
     observer = core.observer if core.observing else None
     debugging = core.debugging
-    while pool.waiting(program):
-        request = pool.pop_front(program)
+    for request in core.pool.take_all(program):
         first = core.table.dispatched(program)
         queued = max(0.0, now - request.arrived_at)
         dispatch = ProgramDispatch(

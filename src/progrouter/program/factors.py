@@ -226,18 +226,19 @@ class RankFactors:
         return list(self._ttl_pause_rounds)
 
     # ------------------------------------------------------------------ request averages (0 when empty)
-
-    def _mean(self, total: float, count: int) -> float:
-        return total / count if count > 0 else 0.0
+    # (each written out: they are read on every admission plan, and a helper call costs more than the mean)
 
     def average_prompt_tokens(self) -> float:
-        return self._mean(self._prompt_sum, len(self._requests))
+        n = len(self._requests)
+        return self._prompt_sum / n if n > 0 else 0.0
 
     def average_completion_tokens(self) -> float:
-        return self._mean(self._completion_sum, len(self._requests))
+        n = len(self._requests)
+        return self._completion_sum / n if n > 0 else 0.0
 
     def average_cached_prompt_tokens(self) -> float:
-        return self._mean(self._cached_sum, len(self._requests))
+        n = len(self._requests)
+        return self._cached_sum / n if n > 0 else 0.0
 
     def average_cached_prompt_ratio(self) -> float:
         """Token-weighted: Σcached / Σprompt (0 with no prompt tokens)."""
@@ -248,10 +249,11 @@ class RankFactors:
 
     def average_context_growth_tokens(self) -> float:
         """Mean over the samples that recorded a growth (0 if none did)."""
-        return self._mean(self._growth_sum, self._growth_count)
+        return self._growth_sum / self._growth_count if self._growth_count > 0 else 0.0
 
     def average_e2e_seconds(self) -> float:
-        return self._mean(self._e2e_sum, len(self._requests))
+        n = len(self._requests)
+        return self._e2e_sum / n if n > 0 else 0.0
 
     def average_decode_seconds(self) -> float | None:
         """Mean measured decode seconds, None when no sample in the window measured it."""
@@ -259,10 +261,12 @@ class RankFactors:
 
     def average_queue_seconds(self) -> float:
         """Mean router (RequestPool) queue seconds."""
-        return self._mean(self._queue_sum, len(self._requests))
+        n = len(self._requests)
+        return self._queue_sum / n if n > 0 else 0.0
 
     def average_rounds_since_ttl_pause(self) -> float:
-        return self._mean(self._rounds_sum, len(self._requests))
+        n = len(self._requests)
+        return self._rounds_sum / n if n > 0 else 0.0
 
     def request_throughput_per_second(self) -> float:
         """(n − 1) / (last.finished_at − first.finished_at); 0 when fewer than 2 samples or no time span."""
@@ -278,10 +282,12 @@ class RankFactors:
 
     def average_cache_miss_impact_seconds(self) -> float:
         """Mean cache-miss impact over the continuity window (0 when empty)."""
-        return self._mean(self._impact_sum, len(self._continuity))
+        n = len(self._continuity)
+        return self._impact_sum / n if n > 0 else 0.0
 
     def average_ttl_pause_rounds(self) -> float:
-        return self._mean(self._ttl_rounds_sum, len(self._ttl_pause_rounds))
+        n = len(self._ttl_pause_rounds)
+        return self._ttl_rounds_sum / n if n > 0 else 0.0
 
     def log_normal_fit(self) -> LogNormalFit | None:
         """Fit of the positive finite intervals in the window, O(1) (None when there are none).

@@ -41,9 +41,14 @@ from progrouter.program.records import (
     Segment,
     SharedPrefix,
 )
-from progrouter.program.state import ProgramState, ProgramStatus
+from progrouter.program.state import AA, PA, ProgramState, ProgramStatus
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
+
+#: enum members read on every completion, as plain globals (CPython 3.11 reads one through its class via the
+#: metaclass's ``__getattr__``, several times what a global costs)
+_TTL_EXPIRED, _WEIGHED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED
+_ACTING_TTL, _RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
@@ -220,7 +225,7 @@ def _went_idle(
             arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
         else:
             ttl = warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar stats_warmup
-            if config.acting_ttl_policy is ActingTTLPolicy.WEIGHED:
+            if config.acting_ttl_policy is _WEIGHED:
                 ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
             arm_ttl(core, program, ttl, "fitted", now)
         if program.active and not config.binding_only:
@@ -355,12 +360,12 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
         expire_ttl(core, program, now)  # (no ActingTTL record: the pause would drop it at once)
     else:
         program.acting_ttl = ActingTTL(now, now + ttl)
-        core.timers.arm(program, TimerKind.ACTING_TTL, now + ttl)
+        core.timers.arm(program, _ACTING_TTL, now + ttl)
 
 
 def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
     acting = program.acting_ttl
-    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or acting is None:
+    if program.phase != AA or acting is None:
         return
     deadline = acting.deadline
     if deadline <= now:
@@ -381,7 +386,7 @@ def expire_ttl(core: Pausing, program: Program, now: float) -> None:
     rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
     core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
     program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
-    pause(core, program, PauseReason.TTL_EXPIRED, now)
+    pause(core, program, _TTL_EXPIRED, now)
 
 
 # ------------------------------------------------------------------------------------------ pause / release
@@ -414,7 +419,7 @@ def arm_retention(core: Pausing, program: Program) -> None:
     by ``release_excess_paused``."""
     assert program.pause is not None
     due = program.pause.at + core.config.paused_retention_ttl_seconds
-    core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
+    core.timers.arm(program, _RETENTION, due)
     idle = core.paused_idle
     idle.pop(program, None)
     idle[program] = None
@@ -430,7 +435,7 @@ def release_excess_paused(core: Pausing, now: float) -> None:
 
 def on_retention_timer(core: Pausing, program: Program, now: float) -> None:
     pause = program.pause
-    if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or pause is None:
+    if program.phase != PA or pause is None:
         return  # it is waiting or Active again: the next pause arms a new release
     due = pause.at + core.config.paused_retention_ttl_seconds
     if due <= now:
