@@ -41,7 +41,7 @@ from progrouter.program.records import (
     Segment,
     SharedPrefix,
 )
-from progrouter.program.state import AA, PA, ProgramState, ProgramStatus
+from progrouter.program.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
 
@@ -194,7 +194,7 @@ def complete(
         program.completions = Completions(program.completions.requests + 1, now, prompt)
         core.table.count_completion(program, impact, round_served=continuous)
     program.output_token_reservation = None
-    if program.active and not program.pause_when_idle:
+    if program.state is ACTIVE and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
     if idle:
         _went_idle(core, program, dispatch, now, success=success, terminate=terminate, impact=impact)
@@ -228,7 +228,7 @@ def _went_idle(
             if config.acting_ttl_policy is _WEIGHED:
                 ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
             arm_ttl(core, program, ttl, "fitted", now)
-        if program.active and not config.binding_only:
+        if program.state is ACTIVE and not config.binding_only:
             segment_yield(core, program, now)
 
 

@@ -109,13 +109,14 @@ class RankQueue:
         self._len += 1
         self.pending[program] = None
         bounds = self._bounds
-        if bounds is not None:
+        if bounds is not None:  # the least of each (as ``min`` keeps them: the first unless one is less)
             required, uncached, forced_at = bounds
-            self._bounds = (
-                min(required, entry.required),
-                min(uncached, entry.uncached),
-                min(forced_at, entry.forced_at),
-            )
+            if entry.required < required or entry.uncached < uncached or entry.forced_at < forced_at:
+                self._bounds = (
+                    entry.required if entry.required < required else required,
+                    entry.uncached if entry.uncached < uncached else uncached,
+                    entry.forced_at if entry.forced_at < forced_at else forced_at,
+                )
         blocks, maxes = self._blocks, self._maxes
         if not blocks:
             blocks.append(_Block([key], [entry.required], [entry.uncached], [entry.forced_at]))

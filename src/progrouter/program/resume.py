@@ -403,9 +403,12 @@ def _count_refuses_all(
         return False
     if rank.overflow is not None:
         return True
-    forced_at = (
-        queue.bounds()[2] if entries is None else min((e.forced_at for e in entries), default=math.inf)
-    )
+    if entries is None:
+        return queue.bounds()[2] > now
+    forced_at = entries[0].forced_at if entries else math.inf  # the earliest, found as ``min`` finds it
+    for entry in entries:  # (no generator: one or two entries, on every event)
+        if entry.forced_at < forced_at:
+            forced_at = entry.forced_at
     return forced_at > now
 
 

@@ -44,7 +44,7 @@ from progrouter.program.resume import (
     stop_waiting,
     wait,
 )
-from progrouter.program.state import AA, PA, Program
+from progrouter.program.state import AA, ACTIVE, PA, Program
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
@@ -80,6 +80,9 @@ class ProgramScheduler:
     ) -> None:
         self.config = config
         self._core = Core(config, observer or NullObserver(), cache_index)
+        # read by every event's ``_decide`` (a pydantic model's attribute costs several plain ones)
+        self._max_paused = config.max_paused_programs
+        self._repair = not config.binding_only
 
     # ------------------------------------------------------------------------------------------- targets
     def set_targets(self, model_pool: str, targets: Sequence[Target], now: float) -> None:
@@ -203,9 +206,10 @@ class ProgramScheduler:
         residency.on_arrival(core, program, request, now)
         handle, timer_deadline = self._retain(program, request, now)
         home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
-        if not program.active and request.model_pool not in core.target_pools.get(home or "", ()):
+        active = program.state is ACTIVE
+        if not active and request.model_pool not in core.target_pools.get(home or "", ()):
             self._rebind(program, now)
-        if program.active:
+        if active:
             serve_active(core, program, now)
         elif self.config.binding_only and program.last_target is not None:
             commit_admission(core, program, plan_binding_only(core, program, now), now)
@@ -456,10 +460,10 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
-        if len(core.paused_idle) > self.config.max_paused_programs:
+        if len(core.paused_idle) > self._max_paused:
             lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
-        repair = not self.config.binding_only
+        repair = self._repair
         while due := agenda.take():
             for target_id, full in due:
                 if target_id not in core.targets:
