@@ -210,15 +210,11 @@ class RankQueue:
         return self.bounds()[1]
 
     def take_pending(self) -> list[Program]:
-        pending = sorted(self.pending, key=_queue_key)
+        """The Programs queued or re-keyed since the last pass, in the order they were (a pass sorts their
+        entries only if the count guard leaves it anything to plan)."""
+        pending = list(self.pending)
         self.pending.clear()
         return pending
-
-
-def _queue_key(program: Program) -> QueueKey:
-    entry = program.queue_entry
-    assert entry is not None
-    return entry.key
 
 
 #: Keys per run of a pool's key order: a run splits past twice this (an insertion moves one run, not all).

@@ -377,6 +377,7 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
             candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
             assert entries is not None
+            entries.sort()  # resume order: by key (a key is unique, so nothing behind it is compared)
             candidates = _screened(view, entries, now, unforced_possible, math.inf)
         for key in candidates:
             program = queue.program(key)
