@@ -136,9 +136,9 @@ class RankView:
         or from lower bounds of a whole queue's), and binding shares its first two checks."""
         if not self.count_fits:
             return _COUNT
-        if not self.capacity_fits(required):
-            return _CAPACITY
         low = self.low_tokens
+        if low is not None and not self.used + required <= low:  # ``capacity_fits``, written out here
+            return _CAPACITY
         reserve = self._reserve
         if reserve is None:
             reserve = self.reserve

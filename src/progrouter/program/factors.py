@@ -324,15 +324,16 @@ class RankFactors:
             self._decode_count += 1
 
     def _resum_requests(self) -> None:
-        self._e2e_sum = math.fsum(s.e2e_seconds for s in self._requests)
-        self._queue_sum = math.fsum(s.queue_seconds for s in self._requests)
-        self._decode_sum = math.fsum(s.decode_seconds for s in self._requests if s.decode_seconds is not None)
+        requests = self._requests  # (lists, not generators: fsum reads them without a call per sample)
+        self._e2e_sum = math.fsum([s.e2e_seconds for s in requests])
+        self._queue_sum = math.fsum([s.queue_seconds for s in requests])
+        self._decode_sum = math.fsum([s.decode_seconds for s in requests if s.decode_seconds is not None])
         self._request_evictions = 0
 
     def _resum_continuity(self) -> None:
-        self._impact_sum = math.fsum(s.cache_miss_impact_seconds for s in self._continuity)
+        self._impact_sum = math.fsum([s.cache_miss_impact_seconds for s in self._continuity])
         logs = [log for log in self._logs if log is not None]
         self._log_sum = math.fsum(logs)
-        self._log_sq_sum = math.fsum(x * x for x in logs)
+        self._log_sq_sum = math.fsum([x * x for x in logs])
         self._log_count = len(logs)
         self._continuity_evictions = 0

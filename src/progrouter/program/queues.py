@@ -315,9 +315,10 @@ class RankQueues:
             keys.insert(key)
 
     def remove(self, program: Program) -> None:
-        key = program.queue_key
-        if key is None:
+        entry = program.queue_entry
+        if entry is None:
             return
+        key = entry.key
         target = program.last_target
         assert target is not None
         self._queues[target].remove(program)

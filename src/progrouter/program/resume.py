@@ -262,8 +262,8 @@ class ForceResumeWork:
             rank = core.table.ranks[target]
             active = total_active_remaining_rounds(
                 rounds,
-                (p.rounds_since_activation for p in rank.reasoning),
-                (p.rounds_since_activation for p in rank.acting),
+                [p.rounds_since_activation for p in rank.reasoning],
+                [p.rounds_since_activation for p in rank.acting],
             )
         work = self._ranks[target] = RankWork(now, rounds, throughput, active)
         return work

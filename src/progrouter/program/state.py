@@ -553,7 +553,8 @@ class ProgramTable:
             rank.active_count -= 1
         elif rank.acting.pop(program, _MISSING) is not _MISSING:
             rank.active_count -= 1
-        rank.marked.pop(program, None)
+        if program.pause_when_idle:  # (marked exactly while placed with the mark)
+            rank.marked.pop(program, None)
         rank._leave(program)
         if rank.overflow is program:
             rank.overflow = None
