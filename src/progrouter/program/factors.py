@@ -302,7 +302,7 @@ class RankFactors:
         else:
             mu = self._log_sum / n
             variance = max(0.0, self._log_sq_sum / n - mu * mu)
-            fit = LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
+            fit = LogNormalFit(mu, max(math.sqrt(variance), MIN_LOG_SIGMA), n)  # μ, σ, samples
         self._fit = fit
         self._fit_valid = True
         return fit

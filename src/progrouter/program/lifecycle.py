@@ -178,16 +178,16 @@ def complete(
         )
         previous = program.completions.last_context_tokens
         factors.push_request(
-            RequestSample(
-                prompt_tokens=prompt,
-                completion_tokens=usage.completion_tokens or 0,
-                cached_prompt_tokens=cached,
-                context_growth_tokens=context_growth(prompt, previous if previous > 0 else None),
-                e2e_seconds=max(0.0, now - dispatch.dispatched_at),
-                decode_seconds=decode_seconds,
-                queue_seconds=dispatch.queued_seconds,
-                rounds_since_ttl_pause=program.segment.rounds_since_ttl_pause,
-                finished_at=now,
+            RequestSample(  # (by position: keywords cost a dict per completion)
+                prompt,
+                usage.completion_tokens or 0,
+                cached,
+                context_growth(prompt, previous if previous > 0 else None),
+                max(0.0, now - dispatch.dispatched_at),  # end to end
+                decode_seconds,
+                dispatch.queued_seconds,
+                program.segment.rounds_since_ttl_pause,
+                now,  # finished at
             )
         )
         core.agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved

@@ -233,13 +233,13 @@ class ProgramScheduler:
         handle = core.pool.new_handle(program)
         in_order = core.pool.push(
             program,
-            PendingRequest(
-                handle=handle,
-                arrived_at=now,
-                estimated_context_tokens=request.estimated_context_tokens,
-                routing_text=request.routing_text if core.binder.keeps_text else None,
-                hints=hints,
-                queue_deadline=now + timeout,
+            PendingRequest(  # (by position: keywords cost a dict per request)
+                handle,
+                now,  # arrived at
+                request.estimated_context_tokens,
+                request.routing_text if core.binder.keeps_text else None,
+                hints,
+                now + timeout,  # its queue deadline
             ),
         )
         return handle, None if in_order else now + timeout
