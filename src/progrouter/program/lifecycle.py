@@ -500,7 +500,7 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
         core.ledger.usage(target_id, now),
         avg_completion,
         len(rank.reasoning),
-        sum(program_private_tokens(p, decode_buffer) for p in marked),
+        sum(program_private_tokens(p, decode_buffer) for p in marked) if marked else 0,  # (no generator)
         len(marked),
     )
     if projected <= high:
