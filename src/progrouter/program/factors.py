@@ -126,43 +126,18 @@ class RankFactors:
     # ------------------------------------------------------------------ pushes
 
     def push_request(self, sample: RequestSample) -> None:
-        """Record a successful completion; the oldest sample drops once the window is full. One is pushed
-        per completion, so the sums move here without helper calls: each loses the evicted sample's term,
-        then gains the new one's (the order two separate passes gave, so float sums stay bit for bit)."""
-        requests = self._requests
-        if len(requests) >= self.window_size:
-            old = requests.popleft()
-            self._prompt_sum = self._prompt_sum - old.prompt_tokens + sample.prompt_tokens
-            self._completion_sum = self._completion_sum - old.completion_tokens + sample.completion_tokens
-            self._cached_sum = self._cached_sum - old.cached_prompt_tokens + sample.cached_prompt_tokens
-            growth, old_growth = sample.context_growth_tokens, old.context_growth_tokens
-            if old_growth is not None:
-                self._growth_sum -= old_growth
-                self._growth_count -= 1
-            if growth is not None:
-                self._growth_sum += growth
-                self._growth_count += 1
-            self._rounds_sum = self._rounds_sum - old.rounds_since_ttl_pause + sample.rounds_since_ttl_pause
-            self._e2e_sum = self._e2e_sum - old.e2e_seconds + sample.e2e_seconds
-            self._queue_sum = self._queue_sum - old.queue_seconds + sample.queue_seconds
-            decode, old_decode = sample.decode_seconds, old.decode_seconds
-            if old_decode is not None:
-                self._decode_sum -= old_decode
-                self._decode_count -= 1
-            if decode is not None:
-                self._decode_sum += decode
-                self._decode_count += 1
-            requests.append(sample)
+        """Record a successful completion; the oldest sample drops once the window is full."""
+        if len(self._requests) >= self.window_size:
+            self._remove_request(self._requests.popleft())
             self._request_evictions += 1
-            if self._request_evictions >= self.window_size:
-                self._resum_requests()
-            return
-        requests.append(sample)
+        self._requests.append(sample)
         self._add_request(sample)
+        if self._request_evictions >= self.window_size:
+            self._resum_requests()
 
     def push_continuity(self, sample: ContinuitySample) -> None:
         """Record an arrival's gap since the Program's previous completion (the evicted sample's terms
-        leave each sum before the new one's enter, as in ``push_request``)."""
+        leave each sum before the new one's enter; written out: one is pushed per arrival)."""
         continuity, logs = self._continuity, self._logs
         if len(continuity) >= self.window_size:
             old, old_log = continuity.popleft(), logs.popleft()
@@ -322,6 +297,20 @@ class RankFactors:
         if s.decode_seconds is not None:
             self._decode_sum += s.decode_seconds
             self._decode_count += 1
+
+    def _remove_request(self, s: RequestSample) -> None:
+        self._prompt_sum -= s.prompt_tokens
+        self._completion_sum -= s.completion_tokens
+        self._cached_sum -= s.cached_prompt_tokens
+        if s.context_growth_tokens is not None:
+            self._growth_sum -= s.context_growth_tokens
+            self._growth_count -= 1
+        self._rounds_sum -= s.rounds_since_ttl_pause
+        self._e2e_sum -= s.e2e_seconds
+        self._queue_sum -= s.queue_seconds
+        if s.decode_seconds is not None:
+            self._decode_sum -= s.decode_seconds
+            self._decode_count -= 1
 
     def _resum_requests(self) -> None:
         requests = self._requests  # (lists, not generators: fsum reads them without a call per sample)
