@@ -50,6 +50,12 @@ class Verdict(StrEnum):
     BATCH_GAIN = "batch_gain"  # fits now, not with the reserve, and the best-case batch gain might cover it
 
 
+#: The verdicts ``judge`` answers, as plain globals (CPython 3.11 reads an enum member through its class
+#: via the metaclass's ``__getattr__``, several times what a global costs; ``judge`` runs per candidate).
+_COUNT, _CAPACITY, _RESERVE = Rejection.COUNT, Rejection.CAPACITY, Rejection.RESERVE
+_ADMIT, _BATCH_GAIN = Verdict.ADMIT, Verdict.BATCH_GAIN
+
+
 class RankView:
     """One Rank's admission facts at one instant; the growth reserve and batch-gain inputs are computed
     only when a candidate gets that far, and at most once per view."""
@@ -129,18 +135,18 @@ class RankView:
         decides with it, the scheduling pass refuses early with it (from a queued Program's frozen facts,
         or from lower bounds of a whole queue's), and binding shares its first two checks."""
         if not self.count_fits:
-            return Rejection.COUNT
-        if not self.capacity_fits(required):
-            return Rejection.CAPACITY
+            return _COUNT
         low = self.low_tokens
+        if low is not None and not self.used + required <= low:  # ``capacity_fits``, written out here
+            return _CAPACITY
         reserve = self._reserve
         if reserve is None:
             reserve = self.reserve
         if low is None or self.used + required + reserve <= low:
-            return Verdict.ADMIT
+            return _ADMIT
         if uncached >= self._refused_from or not self._batch_bound_covers(uncached):
-            return Rejection.RESERVE
-        return Verdict.BATCH_GAIN
+            return _RESERVE
+        return _BATCH_GAIN
 
     def admits_some(self, required: int, uncached: int) -> bool:
         """``judge`` with lower bounds of several candidates' demand and uncached context: False means no
@@ -310,7 +316,7 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
         if view.overflow_busy:
             return Rejection.FORCE_BOUND
         overflow = True
-    elif not forced and verdict is Verdict.BATCH_GAIN:
+    elif not forced and verdict is _BATCH_GAIN:
         shared = program.shared_prefix.tokens
         if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
             return Rejection.RESERVE

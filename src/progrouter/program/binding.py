@@ -51,6 +51,9 @@ class Binder:
         self.cache_index = cache_index
         if self.strategy is BindingStrategy.CACHE_AWARE and cache_index is None:
             self.cache_index = CacheAwareIndex(2**20)
+        # Only cache_aware needs the request text (upstream passes it into acquire only then); decided
+        # once, as every retained request asks.
+        self.keeps_text = self.strategy is BindingStrategy.CACHE_AWARE
 
     @property
     def needs_candidates(self) -> bool:
@@ -59,11 +62,6 @@ class Binder:
             BindingStrategy.REASONING_TOKEN_BALANCE,
             BindingStrategy.CACHE_AWARE,
         )
-
-    @property
-    def keeps_text(self) -> bool:
-        """Only cache_aware needs the request text (upstream passes it into acquire only then)."""
-        return self.strategy is BindingStrategy.CACHE_AWARE
 
     def pool_changed(self, model_pool: str) -> None:
         """The pool's Rank set changed: its ring is rebuilt on next use."""

@@ -28,24 +28,22 @@ def dispatch_retained(core: Dispatching, program: Program, now: float) -> None:
     target_id = program.placement
     assert target_id is not None
     target = core.targets[target_id]
-    pool = core.pool
     observer = core.observer if core.observing else None
     debugging = core.debugging
-    while pool.waiting(program):
-        request = pool.pop_front(program)
+    for request in core.pool.take_all(program):
         first = core.table.dispatched(program)
         queued = max(0.0, now - request.arrived_at)
-        dispatch = ProgramDispatch(
-            handle=request.handle,
-            target=target,
-            program=program.ref,
-            placement_epoch=program.placement_epoch,
-            estimated_context_tokens=request.estimated_context_tokens,
-            arrived_at=request.arrived_at,
-            dispatched_at=now,
-            queued_seconds=queued,
-            hints=request.hints,
-            placement_start_request=first,
+        dispatch = ProgramDispatch(  # (by position: keywords cost a dict per request)
+            request.handle,
+            target,
+            program.ref,
+            program.placement_epoch,
+            request.estimated_context_tokens,
+            request.arrived_at,
+            now,  # dispatched at
+            queued,
+            request.hints,
+            first,  # the placement's first request
         )
         core.outstanding[request.handle.id] = dispatch
         core.outcomes.append(Dispatched(request.handle, dispatch))

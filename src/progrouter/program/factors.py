@@ -136,15 +136,26 @@ class RankFactors:
             self._resum_requests()
 
     def push_continuity(self, sample: ContinuitySample) -> None:
-        """Record an arrival's gap since the Program's previous completion."""
-        if len(self._continuity) >= self.window_size:
-            self._remove_continuity(self._continuity.popleft(), self._logs.popleft())
+        """Record an arrival's gap since the Program's previous completion (the evicted sample's terms
+        leave each sum before the new one's enter; written out: one is pushed per arrival)."""
+        continuity, logs = self._continuity, self._logs
+        if len(continuity) >= self.window_size:
+            old, old_log = continuity.popleft(), logs.popleft()
+            self._impact_sum -= old.cache_miss_impact_seconds
+            if old_log is not None:
+                self._log_sum -= old_log
+                self._log_sq_sum -= old_log * old_log
+                self._log_count -= 1
             self._continuity_evictions += 1
         interval = sample.interval_seconds
         log = math.log(interval) if 0.0 < interval < math.inf else None  # positive and finite (not NaN)
-        self._continuity.append(sample)
-        self._logs.append(log)
-        self._add_continuity(sample, log)
+        continuity.append(sample)
+        logs.append(log)
+        self._impact_sum += sample.cache_miss_impact_seconds
+        if log is not None:
+            self._log_sum += log
+            self._log_sq_sum += log * log
+            self._log_count += 1
         if self._continuity_evictions >= self.window_size:
             self._resum_continuity()
         self._fit_valid = False
@@ -190,18 +201,19 @@ class RankFactors:
         return list(self._ttl_pause_rounds)
 
     # ------------------------------------------------------------------ request averages (0 when empty)
-
-    def _mean(self, total: float, count: int) -> float:
-        return total / count if count > 0 else 0.0
+    # (each written out: they are read on every admission plan, and a helper call costs more than the mean)
 
     def average_prompt_tokens(self) -> float:
-        return self._mean(self._prompt_sum, len(self._requests))
+        n = len(self._requests)
+        return self._prompt_sum / n if n > 0 else 0.0
 
     def average_completion_tokens(self) -> float:
-        return self._mean(self._completion_sum, len(self._requests))
+        n = len(self._requests)
+        return self._completion_sum / n if n > 0 else 0.0
 
     def average_cached_prompt_tokens(self) -> float:
-        return self._mean(self._cached_sum, len(self._requests))
+        n = len(self._requests)
+        return self._cached_sum / n if n > 0 else 0.0
 
     def average_cached_prompt_ratio(self) -> float:
         """Token-weighted: Σcached / Σprompt (0 with no prompt tokens)."""
@@ -212,10 +224,11 @@ class RankFactors:
 
     def average_context_growth_tokens(self) -> float:
         """Mean over the samples that recorded a growth (0 if none did)."""
-        return self._mean(self._growth_sum, self._growth_count)
+        return self._growth_sum / self._growth_count if self._growth_count > 0 else 0.0
 
     def average_e2e_seconds(self) -> float:
-        return self._mean(self._e2e_sum, len(self._requests))
+        n = len(self._requests)
+        return self._e2e_sum / n if n > 0 else 0.0
 
     def average_decode_seconds(self) -> float | None:
         """Mean measured decode seconds, None when no sample in the window measured it."""
@@ -223,10 +236,12 @@ class RankFactors:
 
     def average_queue_seconds(self) -> float:
         """Mean router (RequestPool) queue seconds."""
-        return self._mean(self._queue_sum, len(self._requests))
+        n = len(self._requests)
+        return self._queue_sum / n if n > 0 else 0.0
 
     def average_rounds_since_ttl_pause(self) -> float:
-        return self._mean(self._rounds_sum, len(self._requests))
+        n = len(self._requests)
+        return self._rounds_sum / n if n > 0 else 0.0
 
     def request_throughput_per_second(self) -> float:
         """(n − 1) / (last.finished_at − first.finished_at); 0 when fewer than 2 samples or no time span."""
@@ -242,10 +257,12 @@ class RankFactors:
 
     def average_cache_miss_impact_seconds(self) -> float:
         """Mean cache-miss impact over the continuity window (0 when empty)."""
-        return self._mean(self._impact_sum, len(self._continuity))
+        n = len(self._continuity)
+        return self._impact_sum / n if n > 0 else 0.0
 
     def average_ttl_pause_rounds(self) -> float:
-        return self._mean(self._ttl_rounds_sum, len(self._ttl_pause_rounds))
+        n = len(self._ttl_pause_rounds)
+        return self._ttl_rounds_sum / n if n > 0 else 0.0
 
     def log_normal_fit(self) -> LogNormalFit | None:
         """Fit of the positive finite intervals in the window, O(1) (None when there are none).
@@ -260,7 +277,7 @@ class RankFactors:
         else:
             mu = self._log_sum / n
             variance = max(0.0, self._log_sq_sum / n - mu * mu)
-            fit = LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
+            fit = LogNormalFit(mu, max(math.sqrt(variance), MIN_LOG_SIGMA), n)  # μ, σ, samples
         self._fit = fit
         self._fit_valid = True
         return fit
@@ -296,29 +313,16 @@ class RankFactors:
             self._decode_count -= 1
 
     def _resum_requests(self) -> None:
-        self._e2e_sum = math.fsum(s.e2e_seconds for s in self._requests)
-        self._queue_sum = math.fsum(s.queue_seconds for s in self._requests)
-        self._decode_sum = math.fsum(s.decode_seconds for s in self._requests if s.decode_seconds is not None)
+        requests = self._requests  # (lists, not generators: fsum reads them without a call per sample)
+        self._e2e_sum = math.fsum([s.e2e_seconds for s in requests])
+        self._queue_sum = math.fsum([s.queue_seconds for s in requests])
+        self._decode_sum = math.fsum([s.decode_seconds for s in requests if s.decode_seconds is not None])
         self._request_evictions = 0
 
-    def _add_continuity(self, s: ContinuitySample, log: float | None) -> None:
-        self._impact_sum += s.cache_miss_impact_seconds
-        if log is not None:
-            self._log_sum += log
-            self._log_sq_sum += log * log
-            self._log_count += 1
-
-    def _remove_continuity(self, s: ContinuitySample, log: float | None) -> None:
-        self._impact_sum -= s.cache_miss_impact_seconds
-        if log is not None:
-            self._log_sum -= log
-            self._log_sq_sum -= log * log
-            self._log_count -= 1
-
     def _resum_continuity(self) -> None:
-        self._impact_sum = math.fsum(s.cache_miss_impact_seconds for s in self._continuity)
+        self._impact_sum = math.fsum([s.cache_miss_impact_seconds for s in self._continuity])
         logs = [log for log in self._logs if log is not None]
         self._log_sum = math.fsum(logs)
-        self._log_sq_sum = math.fsum(x * x for x in logs)
+        self._log_sq_sum = math.fsum([x * x for x in logs])
         self._log_count = len(logs)
         self._continuity_evictions = 0

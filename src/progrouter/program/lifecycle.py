@@ -41,9 +41,14 @@ from progrouter.program.records import (
     Segment,
     SharedPrefix,
 )
-from progrouter.program.state import ProgramState, ProgramStatus
+from progrouter.program.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import UsageObservation
+
+#: enum members read on every completion, as plain globals (CPython 3.11 reads one through its class via the
+#: metaclass's ``__getattr__``, several times what a global costs)
+_TTL_EXPIRED, _WEIGHED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED
+_ACTING_TTL, _RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
@@ -168,26 +173,28 @@ def complete(
     if usage.prompt_tokens is not None:
         observe_context(core.table, program, usage.prompt_tokens)
     if success:
-        _segment_bookkeeping(core, program, dispatch, now, prompt, cached, explicit_cached, impact)
+        continuous = _segment_bookkeeping(
+            core, program, dispatch, now, prompt, cached, explicit_cached, impact
+        )
         previous = program.completions.last_context_tokens
         factors.push_request(
-            RequestSample(
-                prompt_tokens=prompt,
-                completion_tokens=usage.completion_tokens or 0,
-                cached_prompt_tokens=cached,
-                context_growth_tokens=context_growth(prompt, previous if previous > 0 else None),
-                e2e_seconds=max(0.0, now - dispatch.dispatched_at),
-                decode_seconds=decode_seconds,
-                queue_seconds=dispatch.queued_seconds,
-                rounds_since_ttl_pause=program.segment.rounds_since_ttl_pause,
-                finished_at=now,
+            RequestSample(  # (by position: keywords cost a dict per completion)
+                prompt,
+                usage.completion_tokens or 0,
+                cached,
+                context_growth(prompt, previous if previous > 0 else None),
+                max(0.0, now - dispatch.dispatched_at),  # end to end
+                decode_seconds,
+                dispatch.queued_seconds,
+                program.segment.rounds_since_ttl_pause,
+                now,  # finished at
             )
         )
         core.agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
         program.completions = Completions(program.completions.requests + 1, now, prompt)
-        core.table.set_impact(program, impact)
+        core.table.count_completion(program, impact, round_served=continuous)
     program.output_token_reservation = None
-    if program.active and not program.pause_when_idle:
+    if program.state is ACTIVE and not program.pause_when_idle:
         core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
     if idle:
         _went_idle(core, program, dispatch, now, success=success, terminate=terminate, impact=impact)
@@ -218,10 +225,10 @@ def _went_idle(
             arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
         else:
             ttl = warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar stats_warmup
-            if config.acting_ttl_policy is ActingTTLPolicy.WEIGHED:
+            if config.acting_ttl_policy is _WEIGHED:
                 ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
             arm_ttl(core, program, ttl, "fitted", now)
-        if program.active and not config.binding_only:
+        if program.state is ACTIVE and not config.binding_only:
             segment_yield(core, program, now)
 
 
@@ -234,9 +241,10 @@ def _segment_bookkeeping(
     cached: int,
     explicit_cached: int | None,
     impact: float,
-) -> None:
+) -> bool:
     """Rounds and segments of a successful completion; a placement start that lost the cache begins a
-    new segment and observes the shared prefix."""
+    new segment and observes the shared prefix. Returns whether the round was continuous (the caller
+    counts it with the completion's impact, in one move of the Rank's round histogram)."""
     previous = program.completions.last_context_tokens
     continuous = cache_continuous(previous if previous > 0 else None, cached)
     segment = program.segment
@@ -244,8 +252,6 @@ def _segment_bookkeeping(
     if dispatch.placement_start_request and (previous <= 0 or not continuous):
         started_at, served = dispatch.dispatched_at, 0
         _observe_shared_prefix(core, program, dispatch.target.id, explicit_cached, now)
-    if continuous:
-        core.table.count_round(program)
     program.segment = Segment(
         started_at,
         served + 1,
@@ -254,6 +260,7 @@ def _segment_bookkeeping(
     )
     if core.observing:
         _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
+    return continuous
 
 
 def _observe_shared_prefix(
@@ -353,12 +360,12 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
         expire_ttl(core, program, now)  # (no ActingTTL record: the pause would drop it at once)
     else:
         program.acting_ttl = ActingTTL(now, now + ttl)
-        core.timers.arm(program, TimerKind.ACTING_TTL, now + ttl)
+        core.timers.arm(program, _ACTING_TTL, now + ttl)
 
 
 def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
     acting = program.acting_ttl
-    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or acting is None:
+    if program.phase != AA or acting is None:
         return
     deadline = acting.deadline
     if deadline <= now:
@@ -379,7 +386,7 @@ def expire_ttl(core: Pausing, program: Program, now: float) -> None:
     rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
     core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
     program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
-    pause(core, program, PauseReason.TTL_EXPIRED, now)
+    pause(core, program, _TTL_EXPIRED, now)
 
 
 # ------------------------------------------------------------------------------------------ pause / release
@@ -412,7 +419,7 @@ def arm_retention(core: Pausing, program: Program) -> None:
     by ``release_excess_paused``."""
     assert program.pause is not None
     due = program.pause.at + core.config.paused_retention_ttl_seconds
-    core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
+    core.timers.arm(program, _RETENTION, due)
     idle = core.paused_idle
     idle.pop(program, None)
     idle[program] = None
@@ -428,7 +435,7 @@ def release_excess_paused(core: Pausing, now: float) -> None:
 
 def on_retention_timer(core: Pausing, program: Program, now: float) -> None:
     pause = program.pause
-    if program.phase != (ProgramState.PAUSED, ProgramStatus.ACTING) or pause is None:
+    if program.phase != PA or pause is None:
         return  # it is waiting or Active again: the next pause arms a new release
     due = pause.at + core.config.paused_retention_ttl_seconds
     if due <= now:
@@ -493,7 +500,7 @@ def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
         core.ledger.usage(target_id, now),
         avg_completion,
         len(rank.reasoning),
-        sum(program_private_tokens(p, decode_buffer) for p in marked),
+        sum(program_private_tokens(p, decode_buffer) for p in marked) if marked else 0,  # (no generator)
         len(marked),
     )
     if projected <= high:

@@ -107,16 +107,17 @@ class RequestPool:
         front = self.front(program)
         return front.hints if front is not None else None
 
-    def pop_front(self, program: Program) -> PendingRequest:
-        """Take the front request out for dispatch."""
-        fifo = self._fifos[program]
-        handle_id = next(iter(fifo))
-        request = fifo.pop(handle_id)
-        del self._owner[handle_id]
-        self._deadlines.pop(handle_id, None)
-        if not fifo:
-            del self._fifos[program]
-        return request
+    def take_all(self, program: Program) -> list[PendingRequest]:
+        """Take every retained request of ``program`` out for dispatch, front first (an Active Program
+        dispatches them all at once)."""
+        fifo = self._fifos.pop(program, None)
+        if fifo is None:
+            return []
+        owner, deadlines = self._owner, self._deadlines
+        for handle_id in fifo:
+            del owner[handle_id]
+            deadlines.pop(handle_id, None)
+        return list(fifo.values())
 
     def owner(self, handle: RequestHandle) -> Program | None:
         """The Program a retained request belongs to, or None if it is no longer retained."""

@@ -109,13 +109,14 @@ class RankQueue:
         self._len += 1
         self.pending[program] = None
         bounds = self._bounds
-        if bounds is not None:
+        if bounds is not None:  # the least of each (as ``min`` keeps them: the first unless one is less)
             required, uncached, forced_at = bounds
-            self._bounds = (
-                min(required, entry.required),
-                min(uncached, entry.uncached),
-                min(forced_at, entry.forced_at),
-            )
+            if entry.required < required or entry.uncached < uncached or entry.forced_at < forced_at:
+                self._bounds = (
+                    entry.required if entry.required < required else required,
+                    entry.uncached if entry.uncached < uncached else uncached,
+                    entry.forced_at if entry.forced_at < forced_at else forced_at,
+                )
         blocks, maxes = self._blocks, self._maxes
         if not blocks:
             blocks.append(_Block([key], [entry.required], [entry.uncached], [entry.forced_at]))
@@ -209,15 +210,11 @@ class RankQueue:
         return self.bounds()[1]
 
     def take_pending(self) -> list[Program]:
-        pending = sorted(self.pending, key=_queue_key)
+        """The Programs queued or re-keyed since the last pass, in the order they were (a pass sorts their
+        entries only if the count guard leaves it anything to plan)."""
+        pending = list(self.pending)
         self.pending.clear()
         return pending
-
-
-def _queue_key(program: Program) -> QueueKey:
-    entry = program.queue_entry
-    assert entry is not None
-    return entry.key
 
 
 #: Keys per run of a pool's key order: a run splits past twice this (an insertion moves one run, not all).
@@ -318,9 +315,10 @@ class RankQueues:
             keys.insert(key)
 
     def remove(self, program: Program) -> None:
-        key = program.queue_key
-        if key is None:
+        entry = program.queue_entry
+        if entry is None:
             return
+        key = entry.key
         target = program.last_target
         assert target is not None
         self._queues[target].remove(program)

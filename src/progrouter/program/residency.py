@@ -155,7 +155,7 @@ def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: flo
 
 def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
     """The request's own residency report is the Program's freshest."""
-    if core.config.residency_aware and request.residency is not None:
+    if request.residency is not None and core.config.residency_aware:
         covered, tokens = request.residency
         core.residency.record(program, ResidencyFacts(tokens, now, covered))
 

@@ -61,6 +61,12 @@ if TYPE_CHECKING:
     from progrouter.program.views import Dispatching, Queueing, RankSource, Scheduling
 
 
+#: enum members read for every queued Program, as plain globals (CPython 3.11 reads one through its class
+#: via the metaclass's ``__getattr__``, several times what a global costs)
+_YIELD, _MRU, _FORCE = PauseReason.MAX_SEGMENT_YIELD, ResumeOrder.MRU, TimerKind.FORCE_RESUME
+_COUNT = Rejection.COUNT
+
+
 # ------------------------------------------------------------------------------------------------ ordering
 def _forced(program: Program, now: float) -> bool:
     force = program.force_resume
@@ -70,7 +76,7 @@ def _forced(program: Program, now: float) -> bool:
 def _tiers(program: Program, front: RequestHints | None, now: float) -> tuple[int, int, int]:
     priority = front.priority if front is not None else 0
     pause = program.pause
-    yielded = 1 if pause is not None and pause.reason is PauseReason.MAX_SEGMENT_YIELD else 0
+    yielded = 1 if pause is not None and pause.reason is _YIELD else 0
     return (0 if _forced(program, now) else 1, -priority, yielded)
 
 
@@ -83,7 +89,7 @@ def local_key(program: Program, front: RequestHints | None, order: ResumeOrder, 
     """The Program's place in its Rank queue; ``front``: the hints of its front request."""
     forced, priority, yielded = _tiers(program, front, now)
     queued = _queued_at(program, now)
-    if order is ResumeOrder.MRU:
+    if order is _MRU:
         finished = program.completions.last_finished_at
         recency = -finished if finished is not None else math.inf
         return (forced, priority, yielded, recency, queued, program.ref.program_id, program.serial)
@@ -169,7 +175,7 @@ def _freeze_force_deadline(
         round(estimate.pool_remaining_rounds),
         estimate.request_throughput_per_second,
     )
-    core.timers.arm(program, TimerKind.FORCE_RESUME, deadline)
+    core.timers.arm(program, _FORCE, deadline)
     return key if deadline > now else None
 
 
@@ -256,8 +262,8 @@ class ForceResumeWork:
             rank = core.table.ranks[target]
             active = total_active_remaining_rounds(
                 rounds,
-                (p.rounds_since_activation for p in rank.reasoning),
-                (p.rounds_since_activation for p in rank.acting),
+                [p.rounds_since_activation for p in rank.reasoning],
+                [p.rounds_since_activation for p in rank.acting],
             )
         work = self._ranks[target] = RankWork(now, rounds, throughput, active)
         return work
@@ -371,6 +377,7 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
             candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
         else:
             assert entries is not None
+            entries.sort()  # resume order: by key (a key is unique, so nothing behind it is compared)
             candidates = _screened(view, entries, now, unforced_possible, math.inf)
         for key in candidates:
             program = queue.program(key)
@@ -378,7 +385,7 @@ def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool)
             if isinstance(result, AdmissionPlan):
                 commit_admission(core, program, result, now)
                 break
-            if result is Rejection.COUNT and not _forced(program, now):
+            if result is _COUNT and not _forced(program, now):
                 return
         else:
             return
@@ -397,9 +404,12 @@ def _count_refuses_all(
         return False
     if rank.overflow is not None:
         return True
-    forced_at = (
-        queue.bounds()[2] if entries is None else min((e.forced_at for e in entries), default=math.inf)
-    )
+    if entries is None:
+        return queue.bounds()[2] > now
+    forced_at = entries[0].forced_at if entries else math.inf  # the earliest, found as ``min`` finds it
+    for entry in entries:  # (no generator: one or two entries, on every event)
+        if entry.forced_at < forced_at:
+            forced_at = entry.forced_at
     return forced_at > now
 
 

@@ -44,13 +44,17 @@ from progrouter.program.resume import (
     stop_waiting,
     wait,
 )
-from progrouter.program.state import AA, PA, Program
+from progrouter.program.state import AA, ACTIVE, PA, Program
 from progrouter.program.timers import TimerKind
 from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
 STALE_MARGIN_SECONDS = 1e-6  # past the freshness limit by more than float rounding, at any clock magnitude
+#: timer kinds as plain globals for ``_advance`` (CPython 3.11 reads an enum member through its class via
+#: the metaclass's ``__getattr__``, several times what a global costs)
+_QUEUE_TIMEOUT, _STALE = TimerKind.QUEUE_TIMEOUT, TimerKind.OBSERVATION_STALE
+_ACTING_TTL, _RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
 
 __all__ = [
     "Dispatched",
@@ -76,6 +80,9 @@ class ProgramScheduler:
     ) -> None:
         self.config = config
         self._core = Core(config, observer or NullObserver(), cache_index)
+        # read by every event's ``_decide`` (a pydantic model's attribute costs several plain ones)
+        self._max_paused = config.max_paused_programs
+        self._repair = not config.binding_only
 
     # ------------------------------------------------------------------------------------------- targets
     def set_targets(self, model_pool: str, targets: Sequence[Target], now: float) -> None:
@@ -199,9 +206,10 @@ class ProgramScheduler:
         residency.on_arrival(core, program, request, now)
         handle, timer_deadline = self._retain(program, request, now)
         home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
-        if not program.active and request.model_pool not in core.target_pools.get(home or "", ()):
+        active = program.state is ACTIVE
+        if not active and request.model_pool not in core.target_pools.get(home or "", ()):
             self._rebind(program, now)
-        if program.active:
+        if active:
             serve_active(core, program, now)
         elif self.config.binding_only and program.last_target is not None:
             commit_admission(core, program, plan_binding_only(core, program, now), now)
@@ -225,13 +233,13 @@ class ProgramScheduler:
         handle = core.pool.new_handle(program)
         in_order = core.pool.push(
             program,
-            PendingRequest(
-                handle=handle,
-                arrived_at=now,
-                estimated_context_tokens=request.estimated_context_tokens,
-                routing_text=request.routing_text if core.binder.keeps_text else None,
-                hints=hints,
-                queue_deadline=now + timeout,
+            PendingRequest(  # (by position: keywords cost a dict per request)
+                handle,
+                now,  # arrived at
+                request.estimated_context_tokens,
+                request.routing_text if core.binder.keeps_text else None,
+                hints,
+                now + timeout,  # its queue deadline
             ),
         )
         return handle, None if in_order else now + timeout
@@ -421,10 +429,10 @@ class ProgramScheduler:
         if not due and not timeouts:
             return
         for when, kind, payload in due:
-            if kind is TimerKind.QUEUE_TIMEOUT:
+            if kind is _QUEUE_TIMEOUT:
                 assert isinstance(payload, int)
                 timeouts.append((when, payload))
-            elif kind is TimerKind.OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
+            elif kind is _STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
                     core.agenda.capacity_changed(payload)
@@ -434,9 +442,9 @@ class ProgramScheduler:
                     payload, kind, when
                 ):
                     continue
-                if kind is TimerKind.ACTING_TTL:
+                if kind is _ACTING_TTL:
                     lifecycle.on_ttl_timer(core, payload, now)
-                elif kind is TimerKind.PAUSED_RETENTION:
+                elif kind is _RETENTION:
                     lifecycle.on_retention_timer(core, payload, now)
                 else:
                     on_force_timer(core, payload, now)
@@ -452,10 +460,10 @@ class ProgramScheduler:
     def _decide(self, now: float) -> None:
         """Repair and schedule every Rank whose capacity changed or that has new candidates."""
         core = self._core
-        if len(core.paused_idle) > self.config.max_paused_programs:
+        if len(core.paused_idle) > self._max_paused:
             lifecycle.release_excess_paused(core, now)
         agenda = core.agenda
-        repair = not self.config.binding_only
+        repair = self._repair
         while due := agenda.take():
             for target_id, full in due:
                 if target_id not in core.targets:

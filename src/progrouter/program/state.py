@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from progrouter.program.records import (
     NO_COMPLETIONS,
@@ -71,11 +71,17 @@ class Event(StrEnum):
     RELEASE = "release"  # the generation ends
 
 
+#: The members as plain globals: CPython 3.11 reads ``ProgramState.ACTIVE`` through the enum metaclass's
+#: ``__getattr__``, several times what a global costs, and the hot paths here read them on every event.
+ACTIVE, PAUSED = ProgramState.ACTIVE, ProgramState.PAUSED
+REASONING, ACTING = ProgramStatus.REASONING, ProgramStatus.ACTING
+_RETAIN, _ACTIVATE, _IDLE, _PAUSE = Event.RETAIN, Event.ACTIVATE, Event.IDLE, Event.PAUSE
+
 Phase = tuple[ProgramState, ProgramStatus]
-AR: Phase = (ProgramState.ACTIVE, ProgramStatus.REASONING)
-AA: Phase = (ProgramState.ACTIVE, ProgramStatus.ACTING)
-PR: Phase = (ProgramState.PAUSED, ProgramStatus.REASONING)
-PA: Phase = (ProgramState.PAUSED, ProgramStatus.ACTING)
+AR: Phase = (ACTIVE, REASONING)
+AA: Phase = (ACTIVE, ACTING)
+PR: Phase = (PAUSED, REASONING)
+PA: Phase = (PAUSED, ACTING)
 
 #: event -> {phase before: phase after}; RELEASE maps to None (the generation is gone).
 TRANSITIONS: dict[Event, dict[Phase, Phase | None]] = {
@@ -86,6 +92,10 @@ TRANSITIONS: dict[Event, dict[Phase, Phase | None]] = {
     Event.INVALIDATE: {AR: PR, AA: PA},
     Event.RELEASE: {PA: None, AA: None},
 }
+
+
+#: what a row of ``TRANSITIONS`` answers for a phase its event does not allow (one lookup, no ``in``)
+_NOT_ALLOWED = cast(Phase, ("not", "allowed"))
 
 
 class IllegalTransition(RuntimeError):
@@ -200,11 +210,11 @@ class Program:
 
     @property
     def active(self) -> bool:
-        return self.state is ProgramState.ACTIVE
+        return self.state is ACTIVE
 
     @property
     def acting(self) -> bool:
-        return self.status is ProgramStatus.ACTING
+        return self.status is ACTING
 
     @property
     def queue_key(self) -> QueueKey | None:
@@ -378,12 +388,12 @@ class ProgramTable:
 
     def retain(self, program: Program) -> None:
         """A request arrived: the Program is Reasoning until it is idle again."""
-        self._move(program, Event.RETAIN)
+        self._move(program, _RETAIN)
 
     def activate(self, program: Program, target_id: str, tokens: int, *, overflow: bool = False) -> None:
         """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity;
         ``overflow``: a forced resume past the Rank's limits (at most one per Rank at a time)."""
-        self._move(program, Event.ACTIVATE)
+        self._move(program, _ACTIVATE)
         program.placement = target_id
         program.placement_epoch = next(self._epochs)
         program.placement_start_pending = True
@@ -398,33 +408,45 @@ class ProgramTable:
             rank.overflow = program
         self._ledger.charge(program, target_id, tokens)
 
-    def count_round(self, program: Program) -> None:
-        """One more continuous round served since activation (kept in the Rank's round histogram)."""
-        rank = None if program.placement is None else self.ranks[program.placement]
-        if rank is not None:
-            rank._leave(program)
-        program.rounds_since_activation += 1
-        if rank is not None:
-            rank._enter(program)
+    def count_completion(self, program: Program, seconds: float, *, round_served: bool) -> None:
+        """A successful completion: one more continuous round since activation if ``round_served``, and
+        ``seconds``, its cache-miss impact. The Rank's round histogram moves once, with the same float
+        operations in the same order as leaving and entering it for each fact in turn (so its sums are
+        bit for bit what two moves give)."""
+        old = program.last_cache_miss_impact_seconds
+        rounds_since = program.rounds_since_activation
+        program.last_cache_miss_impact_seconds = seconds
+        if round_served:
+            program.rounds_since_activation = rounds_since + 1
+        target = program.placement
+        if target is None:
+            return
+        rank = self.ranks[target]
+        rounds, impacts, top = rank.rounds, rank.impacts, rank._top
+        b = rounds_since if rounds_since < top else top
+        if round_served:  # leave the old bucket, enter the next with the old impact
+            left = rounds[b] - 1
+            rounds[b] = left
+            impacts[b] = impacts[b] - old if left else 0.0
+            rounds_since += 1
+            b = rounds_since if rounds_since < top else top
+            others = rounds[b]
+            impacts[b] += old
+        else:
+            others = rounds[b] - 1
+        # leave with the old impact and enter with the new (the count is back where it was)
+        impacts[b] = (impacts[b] - old if others else 0.0) + seconds
+        rounds[b] = others + 1
 
     def set_context(self, program: Program, tokens: int) -> None:
         """The Program's context estimate (indexed while it is Active+Reasoning)."""
-        if program.placement is not None and program.status is ProgramStatus.REASONING:
+        if program.placement is not None and program.status is REASONING:
             self.ranks[program.placement].reasoning_context += tokens - program.estimated_context_tokens
         program.estimated_context_tokens = tokens
 
-    def set_impact(self, program: Program, seconds: float) -> None:
-        """The cache-miss impact of the Program's last completion (indexed while it is Active)."""
-        rank = None if program.placement is None else self.ranks[program.placement]
-        if rank is not None:
-            rank._leave(program)
-        program.last_cache_miss_impact_seconds = seconds
-        if rank is not None:
-            rank._enter(program)
-
     def dispatched(self, program: Program) -> bool:
         """A request of an Active Program starts; returns whether it is the first of its placement."""
-        if not program.active:
+        if program.state is not ACTIVE:
             raise IllegalTransition(f"dispatch of a {program.state} Program")
         program.in_flight += 1
         first = program.placement_start_pending
@@ -446,7 +468,7 @@ class ProgramTable:
         """Active+Acting → Paused+Acting; returns the Rank it left."""
         target = program.placement
         assert target is not None
-        self._move(program, Event.PAUSE)
+        self._move(program, _PAUSE)
         self._leave_placement(program, target)
         return target
 
@@ -498,30 +520,29 @@ class ProgramTable:
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
         before_state, before_status = program.state, program.status
-        allowed, before = TRANSITIONS[event], (before_state, before_status)
-        if before not in allowed:
-            raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
-        after = allowed[before]
+        after = TRANSITIONS[event].get((before_state, before_status), _NOT_ALLOWED)
         if after is None:
             return
+        if after is _NOT_ALLOWED:
+            raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
         program.state, program.status = after
-        if after[1] is before_status or before_state is not ProgramState.ACTIVE:
+        if after[1] is before_status or before_state is not ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
         target = program.placement
-        if target is not None and after[0] is ProgramState.ACTIVE:
+        if target is not None and after[0] is ACTIVE:
             rank = self.ranks[target]
-            if after[1] is ProgramStatus.REASONING and program not in rank.reasoning:
+            if after[1] is REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
                 rank.reasoning_context += program.estimated_context_tokens
-            elif after[1] is ProgramStatus.ACTING and program not in rank.acting:
+            elif after[1] is ACTING and program not in rank.acting:
                 rank.reasoning.pop(program, None)
                 rank.acting[program] = None
                 rank.reasoning_context -= program.estimated_context_tokens
 
     def _idle_if_quiet(self, program: Program) -> bool:
-        if program.in_flight == 0 and self._pool.waiting(program) == 0 and not program.acting:
-            self._move(program, Event.IDLE)
+        if program.in_flight == 0 and self._pool.waiting(program) == 0 and program.status is not ACTING:
+            self._move(program, _IDLE)
             return True
         return False
 
@@ -532,7 +553,8 @@ class ProgramTable:
             rank.active_count -= 1
         elif rank.acting.pop(program, _MISSING) is not _MISSING:
             rank.active_count -= 1
-        rank.marked.pop(program, None)
+        if program.pause_when_idle:  # (marked exactly while placed with the mark)
+            rank.marked.pop(program, None)
         rank._leave(program)
         if rank.overflow is program:
             rank.overflow = None
