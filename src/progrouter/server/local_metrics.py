@@ -56,16 +56,19 @@ class HistogramSeries:
     __slots__ = ("_bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        assert bounds[-1] == INF
         self._bounds = bounds
         self.counts = [0] * len(bounds)
         self.total = 0.0
 
     def observe(self, amount: float) -> None:
         """As prometheus_client's: the sum grows by ``amount``, and the first bucket whose bound is not below
-        it counts it (none for NaN, which compares below nothing)."""
+        it counts it. The last bound is +Inf, so ``bisect_left`` always names a bucket; only NaN, which
+        compares below nothing (and lands at 0), is not counted."""
         self.total += amount
-        index = bisect_left(self._bounds, amount)
-        if index < len(self._bounds) and amount <= self._bounds[index]:
+        bounds = self._bounds
+        index = bisect_left(bounds, amount)
+        if amount <= bounds[index]:
             self.counts[index] += 1
 
 

@@ -252,14 +252,18 @@ class PrometheusObserver:
         self.counter("transitions_total", 1.0, target=target, reason=reason)
         self.feed.transition(target, reason)
 
+    # Each looks its bound update up itself (a dozen per Program request): ``_update`` is the miss.
     def histogram(self, name: str, value: float, **labels: str) -> None:
-        self._update(name, "histogram", labels)(value)
+        update = self._updates.get((name, "histogram", tuple(labels.items())))
+        (update or self._update(name, "histogram", labels))(value)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
-        self._update(name, "gauge", labels)(value)
+        update = self._updates.get((name, "gauge", tuple(labels.items())))
+        (update or self._update(name, "gauge", labels))(value)
 
     def counter(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        self._update(name, "counter", labels)(amount)
+        update = self._updates.get((name, "counter", tuple(labels.items())))
+        (update or self._update(name, "counter", labels))(amount)
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         self.feed.event(name, fields)
