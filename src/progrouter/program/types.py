@@ -66,9 +66,12 @@ class ProgramIdentity(NamedTuple):
     source: str = "agentic_context"  # agentic_context | agent_hint | header:<schema>
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHints:
-    """Request-scoped hints: they travel with exactly one RequestPool entry and its dispatch."""
+class RequestHints(NamedTuple):
+    """Request-scoped hints: they travel with exactly one RequestPool entry and its dispatch.
+
+    A ``NamedTuple``, as ``ProgramIdentity``: built per request whose context string is new (a step id or
+    request id changes it every time), where a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``."""
 
     request_id: str | None = None
     priority: int = 0

@@ -1,18 +1,20 @@
-"""Counters and histograms whose series are plain numbers, rendered as prometheus_client renders its own.
+"""Counters, gauges and histograms whose series are plain numbers, rendered as prometheus_client renders its
+own.
 
-prometheus_client's ``Counter.inc`` and ``Histogram.observe`` take a lock per value (a histogram: its sum and
-a bucket) behind a few checks and method calls: ~0.5 µs an increment and ~1 µs an observation here, and a
-Program request makes about a dozen of them. Every update happens on the event loop, and so does every
-scrape (``/metrics`` and the tests' ``get_sample_value`` collect on the caller's thread), so a series needs
-no lock: it is a float, or a list of bucket counts and a sum, updated in place. At scrape each family yields
-the ``Metric`` prometheus_client's own family would (same name, type, help, samples in the same order, series
-in first-use order), so the exposition is byte for byte the same.
+prometheus_client's ``Counter.inc``, ``Gauge.set`` and ``Histogram.observe`` take a lock per value (a
+histogram: its sum and a bucket) behind a few checks and method calls: ~0.5 µs an increment and ~1 µs an
+observation here, and a Program request makes about a dozen of them. Every update happens on the event
+loop, and so does every scrape (``/metrics`` and the tests' ``get_sample_value`` collect on the caller's
+thread), so a series needs no lock: it is a float, or a list of bucket counts and a sum, updated in place.
+At scrape each family yields the ``Metric`` prometheus_client's own family would (same name, type, help,
+samples in the same order, series in first-use order), so the exposition is byte for byte the same.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -36,27 +38,46 @@ class CounterSeries:
         self.value += amount
 
 
+class GaugeSeries:
+    """One labelled series of a ``LocalGauge``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
 class HistogramSeries:
     """One labelled series of a ``LocalHistogram``: a count per bucket (not cumulative) and the sum."""
 
     __slots__ = ("_bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        assert bounds[-1] == INF
         self._bounds = bounds
         self.counts = [0] * len(bounds)
         self.total = 0.0
 
     def observe(self, amount: float) -> None:
         """As prometheus_client's: the sum grows by ``amount``, and the first bucket whose bound is not below
-        it counts it (none for NaN, which compares below nothing)."""
+        it counts it. The last bound is +Inf, so ``bisect_left`` always names a bucket; only NaN, which
+        compares below nothing (and lands at 0), is not counted."""
         self.total += amount
-        index = bisect_left(self._bounds, amount)
-        if index < len(self._bounds) and amount <= self._bounds[index]:
+        bounds = self._bounds
+        index = bisect_left(bounds, amount)
+        if amount <= bounds[index]:
             self.counts[index] += 1
 
 
-class _Family(Collector):
-    """A labelled family registered with ``registry``; its series are made on first use."""
+Series = TypeVar("Series", CounterSeries, GaugeSeries, HistogramSeries)
+
+
+class _Family(Collector, Generic[Series]):
+    """A labelled family registered with ``registry``; its series are made on first use (without label
+    names it is one series, there from the start)."""
 
     kind = ""
 
@@ -66,11 +87,24 @@ class _Family(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self._series: dict[tuple[str, ...], Series] = {}
+        if not self.labelnames:
+            self._series[()] = self._new_series()
         registry.register(self)
+
+    def _new_series(self) -> Series:
+        raise NotImplementedError
 
     def describe(self) -> Iterable[Metric]:
         """The family's names, so the registry refuses a duplicate as it does prometheus_client's."""
         return [Metric(self.name, self.documentation, self.kind)]
+
+    def labels(self, *values: object) -> Series:
+        key = self._label_values(values)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._new_series()
+        return series
 
     def _label_values(self, values: Sequence[object]) -> tuple[str, ...]:
         if len(values) != len(self.labelnames):
@@ -78,9 +112,8 @@ class _Family(Collector):
         return tuple(str(value) for value in values)
 
 
-class LocalCounter(_Family):
-    """A counter family (``name`` without ``_total``; its samples are ``<name>_total``). Without label
-    names it is one series, there from the start."""
+class LocalCounter(_Family[CounterSeries]):
+    """A counter family (``name`` without ``_total``; its samples are ``<name>_total``)."""
 
     kind = "counter"
 
@@ -88,16 +121,9 @@ class LocalCounter(_Family):
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
     ) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
-        self._series: dict[tuple[str, ...], CounterSeries] = {}
-        if not self.labelnames:
-            self._series[()] = CounterSeries()
 
-    def labels(self, *values: object) -> CounterSeries:
-        key = self._label_values(values)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = CounterSeries()
-        return series
+    def _new_series(self) -> CounterSeries:
+        return CounterSeries()
 
     def inc(self, amount: float = 1.0) -> None:
         """An increment of the family without labels."""
@@ -111,9 +137,28 @@ class LocalCounter(_Family):
         return [metric]
 
 
-class LocalHistogram(_Family):
-    """A histogram family with fixed buckets (``+Inf`` added last, as prometheus_client does). Without
-    label names it is one series, there from the start."""
+class LocalGauge(_Family[GaugeSeries]):
+    """A gauge family whose series are set; a series removed and set again comes back last, as in
+    prometheus_client."""
+
+    kind = "gauge"
+
+    def _new_series(self) -> GaugeSeries:
+        return GaugeSeries()
+
+    def remove(self, *values: object) -> None:
+        """Drop one series (nothing when it does not exist)."""
+        self._series.pop(self._label_values(values), None)
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self.name, self.documentation, self.kind)
+        for values, series in self._series.items():
+            metric.add_sample(self.name, dict(zip(self.labelnames, values, strict=True)), series.value)
+        return [metric]
+
+
+class LocalHistogram(_Family[HistogramSeries]):
+    """A histogram family with fixed buckets (``+Inf`` added last, as prometheus_client does)."""
 
     kind = "histogram"
 
@@ -125,22 +170,15 @@ class LocalHistogram(_Family):
         registry: CollectorRegistry,
         buckets: Sequence[float],
     ) -> None:
-        super().__init__(name, documentation, labelnames, registry)
         bounds = [float(b) for b in buckets]
         if bounds[-1] != INF:
             bounds.append(INF)
         self._bounds = tuple(bounds)
         self._les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
-        self._series: dict[tuple[str, ...], HistogramSeries] = {}
-        if not self.labelnames:
-            self._series[()] = HistogramSeries(self._bounds)
+        super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: object) -> HistogramSeries:
-        key = self._label_values(values)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = HistogramSeries(self._bounds)
-        return series
+    def _new_series(self) -> HistogramSeries:
+        return HistogramSeries(self._bounds)
 
     def observe(self, amount: float) -> None:
         """An observation of the family without labels."""

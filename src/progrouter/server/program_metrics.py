@@ -18,12 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from progrouter.program.observer import LogLevel
 from progrouter.program.types import InvalidIdentity, NoTargets, PoolFull, QueueTimeout, ScheduleError
 from progrouter.server.event_feed import EventFeed
-from progrouter.server.local_metrics import CounterSeries, HistogramSeries, LocalCounter, LocalHistogram
+from progrouter.server.local_metrics import (
+    CounterSeries,
+    GaugeSeries,
+    HistogramSeries,
+    LocalCounter,
+    LocalGauge,
+    LocalHistogram,
+)
 from progrouter.server.quantiles import QuantileSummary
 
 PREFIX = "vllm_router_agent_aware_"
@@ -210,7 +217,7 @@ class PrometheusObserver:
         self.strict = "pytest" in sys.modules if strict is None else strict
         self.log = logger or logging.getLogger("progrouter.program")
         self.feed = EventFeed()  # what the dashboard and ``progrouter top`` show
-        self._metrics: dict[str, Gauge | LocalCounter | LocalHistogram | QuantileSummary] = {}
+        self._metrics: dict[str, LocalGauge | LocalCounter | LocalHistogram | QuantileSummary] = {}
         self._gauge_series: dict[str, set[tuple[str, ...]]] = {}
         self._complained: set[str] = set()
         # The hot-path cache (a Program request records a dozen series): per name, kind and label set already
@@ -219,11 +226,11 @@ class PrometheusObserver:
         self._updates: dict[tuple[str, str, tuple[tuple[str, str], ...]], Callable[[float], None]] = {}
         for name, spec in METRICS.items():
             full = PREFIX + name
-            metric: Gauge | LocalCounter | LocalHistogram | QuantileSummary
+            metric: LocalGauge | LocalCounter | LocalHistogram | QuantileSummary
             if spec.kind == "summary":
                 metric = QuantileSummary(full, spec.help, spec.labels, registry)
             elif spec.kind == "gauge":
-                metric = Gauge(full, spec.help, spec.labels, registry=registry)
+                metric = LocalGauge(full, spec.help, spec.labels, registry)
                 self._gauge_series[name] = set()
             elif spec.kind == "counter":
                 metric = LocalCounter(full, spec.help, spec.labels, registry)
@@ -245,14 +252,18 @@ class PrometheusObserver:
         self.counter("transitions_total", 1.0, target=target, reason=reason)
         self.feed.transition(target, reason)
 
+    # Each looks its bound update up itself (a dozen per Program request): ``_update`` is the miss.
     def histogram(self, name: str, value: float, **labels: str) -> None:
-        self._update(name, "histogram", labels)(value)
+        update = self._updates.get((name, "histogram", tuple(labels.items())))
+        (update or self._update(name, "histogram", labels))(value)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
-        self._update(name, "gauge", labels)(value)
+        update = self._updates.get((name, "gauge", tuple(labels.items())))
+        (update or self._update(name, "gauge", labels))(value)
 
     def counter(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        self._update(name, "counter", labels)(amount)
+        update = self._updates.get((name, "counter", tuple(labels.items())))
+        (update or self._update(name, "counter", labels))(amount)
 
     def event(self, level: LogLevel, name: str, **fields: Any) -> None:
         self.feed.event(name, fields)
@@ -281,7 +292,7 @@ class PrometheusObserver:
             if index is None:
                 continue
             metric = self._metrics[name]
-            assert isinstance(metric, Gauge)
+            assert isinstance(metric, LocalGauge)
             for values in [v for v in series if v[index] == target]:
                 metric.remove(*values)
                 series.discard(values)
@@ -309,7 +320,7 @@ class PrometheusObserver:
         child = metric.labels(*values)
         if isinstance(child, HistogramSeries):
             return child.observe
-        if isinstance(child, Gauge):
+        if isinstance(child, GaugeSeries):
             self._gauge_series[name].add(values)
             return child.set
         assert isinstance(child, CounterSeries)
