@@ -50,8 +50,7 @@ class Verdict(StrEnum):
     BATCH_GAIN = "batch_gain"  # fits now, not with the reserve, and the best-case batch gain might cover it
 
 
-#: The verdicts ``judge`` answers, as plain globals (CPython 3.11 reads an enum member through its class
-#: via the metaclass's ``__getattr__``, several times what a global costs; ``judge`` runs per candidate).
+#: The verdicts ``judge`` answers, as plain globals: ``judge`` runs per candidate (why: ``state.ACTIVE``).
 _COUNT, _CAPACITY, _RESERVE = Rejection.COUNT, Rejection.CAPACITY, Rejection.RESERVE
 _ADMIT, _BATCH_GAIN = Verdict.ADMIT, Verdict.BATCH_GAIN
 

@@ -42,13 +42,11 @@ from progrouter.program.records import (
     SharedPrefix,
 )
 from progrouter.program.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
-from progrouter.program.timers import TimerKind
+from progrouter.program.timers import ACTING_TTL, PAUSED_RETENTION
 from progrouter.program.types import UsageObservation
 
-#: enum members read on every completion, as plain globals (CPython 3.11 reads one through its class via the
-#: metaclass's ``__getattr__``, several times what a global costs)
+#: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)
 _TTL_EXPIRED, _WEIGHED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED
-_ACTING_TTL, _RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
@@ -360,7 +358,7 @@ def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float
         expire_ttl(core, program, now)  # (no ActingTTL record: the pause would drop it at once)
     else:
         program.acting_ttl = ActingTTL(now, now + ttl)
-        core.timers.arm(program, _ACTING_TTL, now + ttl)
+        core.timers.arm(program, ACTING_TTL, now + ttl)
 
 
 def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
@@ -372,11 +370,11 @@ def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
         hold = ttl_weighing.hold_seconds(core, program, program.placement or "", now - acting.since)
         if hold > 0.0:  # the weighed TTL's check: held on (only under acting_ttl_policy "weighed")
             program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
-            core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
+            core.timers.arm(program, ACTING_TTL, deadline)
             return
         expire_ttl(core, program, now)
     else:
-        core.timers.arm(program, TimerKind.ACTING_TTL, deadline)
+        core.timers.arm(program, ACTING_TTL, deadline)
 
 
 def expire_ttl(core: Pausing, program: Program, now: float) -> None:
@@ -419,7 +417,7 @@ def arm_retention(core: Pausing, program: Program) -> None:
     by ``release_excess_paused``."""
     assert program.pause is not None
     due = program.pause.at + core.config.paused_retention_ttl_seconds
-    core.timers.arm(program, _RETENTION, due)
+    core.timers.arm(program, PAUSED_RETENTION, due)
     idle = core.paused_idle
     idle.pop(program, None)
     idle[program] = None
@@ -441,7 +439,7 @@ def on_retention_timer(core: Pausing, program: Program, now: float) -> None:
     if due <= now:
         release(core, program, now, reason="paused_retention_release")
     else:
-        core.timers.arm(program, TimerKind.PAUSED_RETENTION, due)
+        core.timers.arm(program, PAUSED_RETENTION, due)
 
 
 def release(core: Pausing, program: Program, now: float, *, reason: str | None = None) -> None:

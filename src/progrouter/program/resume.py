@@ -51,7 +51,7 @@ from progrouter.program.policy import (
     total_active_remaining_rounds,
 )
 from progrouter.program.records import ForceResume, PauseReason, QueueEntry, QueueKey
-from progrouter.program.timers import TimerKind
+from progrouter.program.timers import FORCE_RESUME
 from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
@@ -61,9 +61,8 @@ if TYPE_CHECKING:
     from progrouter.program.views import Dispatching, Queueing, RankSource, Scheduling
 
 
-#: enum members read for every queued Program, as plain globals (CPython 3.11 reads one through its class
-#: via the metaclass's ``__getattr__``, several times what a global costs)
-_YIELD, _MRU, _FORCE = PauseReason.MAX_SEGMENT_YIELD, ResumeOrder.MRU, TimerKind.FORCE_RESUME
+#: enum members read for every queued Program, as plain globals (why: ``state.ACTIVE``)
+_YIELD, _MRU = PauseReason.MAX_SEGMENT_YIELD, ResumeOrder.MRU
 _COUNT = Rejection.COUNT
 
 
@@ -120,7 +119,7 @@ def enqueue(core: Queueing, program: Program, now: float) -> None:
     if force is None:
         key = _freeze_force_deadline(core, program, front, now)
     else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
-        core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
+        core.timers.arm(program, FORCE_RESUME, force.deadline)
     _insert(core, program, front, now, key)
 
 
@@ -175,7 +174,7 @@ def _freeze_force_deadline(
         round(estimate.pool_remaining_rounds),
         estimate.request_throughput_per_second,
     )
-    core.timers.arm(program, _FORCE, deadline)
+    core.timers.arm(program, FORCE_RESUME, deadline)
     return key if deadline > now else None
 
 
@@ -187,7 +186,7 @@ def on_force_timer(core: Queueing, program: Program, now: float) -> None:
     if force.deadline <= now:
         requeue(core, program, now)
     else:
-        core.timers.arm(program, TimerKind.FORCE_RESUME, force.deadline)
+        core.timers.arm(program, FORCE_RESUME, force.deadline)
 
 
 @dataclass(frozen=True, slots=True)

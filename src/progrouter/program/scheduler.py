@@ -45,16 +45,18 @@ from progrouter.program.resume import (
     wait,
 )
 from progrouter.program.state import AA, ACTIVE, PA, Program
-from progrouter.program.timers import TimerKind
+from progrouter.program.timers import (
+    ACTING_TTL,
+    OBSERVATION_STALE,
+    PAUSED_RETENTION,
+    QUEUE_TIMEOUT,
+    TimerKind,
+)
 from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
 STALE_MARGIN_SECONDS = 1e-6  # past the freshness limit by more than float rounding, at any clock magnitude
-#: timer kinds as plain globals for ``_advance`` (CPython 3.11 reads an enum member through its class via
-#: the metaclass's ``__getattr__``, several times what a global costs)
-_QUEUE_TIMEOUT, _STALE = TimerKind.QUEUE_TIMEOUT, TimerKind.OBSERVATION_STALE
-_ACTING_TTL, _RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
 
 __all__ = [
     "Dispatched",
@@ -434,10 +436,10 @@ class ProgramScheduler:
         if not due and not timeouts:
             return
         for when, kind, payload in due:
-            if kind is _QUEUE_TIMEOUT:
+            if kind is QUEUE_TIMEOUT:
                 assert isinstance(payload, int)
                 timeouts.append((when, payload))
-            elif kind is _STALE:  # the waiting gate and backend usage lapse now
+            elif kind is OBSERVATION_STALE:  # the waiting gate and backend usage lapse now
                 assert isinstance(payload, str)
                 if payload in core.targets and core.ledger.fresh_observation(payload, now) is None:
                     core.agenda.capacity_changed(payload)
@@ -447,9 +449,9 @@ class ProgramScheduler:
                     payload, kind, when
                 ):
                     continue
-                if kind is _ACTING_TTL:
+                if kind is ACTING_TTL:
                     lifecycle.on_ttl_timer(core, payload, now)
-                elif kind is _RETENTION:
+                elif kind is PAUSED_RETENTION:
                     lifecycle.on_retention_timer(core, payload, now)
                 else:
                     on_force_timer(core, payload, now)

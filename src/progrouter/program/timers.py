@@ -41,6 +41,15 @@ class TimerKind(IntEnum):
     QUEUE_TIMEOUT = 4
 
 
+#: The kinds as plain globals, for the modules that arm and dispatch timers on every event (an enum member
+#: read through its class is slow on CPython 3.11: see ``state.ACTIVE``).
+ACTING_TTL, PAUSED_RETENTION = TimerKind.ACTING_TTL, TimerKind.PAUSED_RETENTION
+OBSERVATION_STALE, FORCE_RESUME, QUEUE_TIMEOUT = (
+    TimerKind.OBSERVATION_STALE,
+    TimerKind.FORCE_RESUME,
+    TimerKind.QUEUE_TIMEOUT,
+)
+
 Due = tuple[float, TimerKind, object]
 
 #: kinds whose entries are a Program's (the heap holds its serial)
