@@ -105,11 +105,20 @@ async def test_stall_longer_than_the_request_timeout(
 ) -> None:
     rig, _ = await make_rig(request_timeout_secs=2.0)
 
+    stalled = rig.engines[0]
+
+    async def held() -> int:
+        async with rig.session.get(stalled.url + "/server_info") as r:
+            return sum(rank["running"] + rank["waiting"] for rank in (await r.json())["ranks"])
+
     async def fault(_: Tally) -> None:
         await _arrivals_at_least(rig, 0, 3)
-        await rig.fault(rig.engines[0], mode="stall")
+        await rig.fault(stalled, mode="stall")
+        # The stall must catch a request: with every agent on it between turns it could pass unnoticed
+        # (about one run in 300), so it lasts from the first request it holds.
+        await wait_until(held, lambda n: n > 0, timeout=15.0)
         await asyncio.sleep(3.0)  # the fault's length, not an assertion: the stall outlasts the timeout
-        await rig.fault(rig.engines[0], mode="none")
+        await rig.fault(stalled, mode="none")
 
     tally, watch = await drive(rig, mixed_agents(turns=8), fault, report)
     await check_invariants(rig, tally, watch)
