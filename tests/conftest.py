@@ -11,11 +11,19 @@ from typing import Any
 import aiohttp
 import pytest
 
+from progrouter import compiled
 from progrouter.engine import EngineConfig
 from progrouter.engine.server import RunningEngine, start_engine
 from progrouter.server.runner import RunningRouter, start_router
 from support.factories import EngineFactory, RouterFactory, router_config
 from support.stopping import stopping
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A compiled module shadows its source: tests of an edited source would run the old build."""
+    _, why = compiled.up_to_date()
+    if compiled.stale():
+        pytest.exit(f"progrouter.compiled: {why}; run `make compile`", returncode=2)
 
 
 @pytest.fixture

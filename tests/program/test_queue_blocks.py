@@ -1,43 +1,45 @@
 """Rank queues kept in blocks: the order and bounds match a plain sorted list, and a scheduling pass that
-skips blocks decides exactly what a pass over every candidate decides."""
+skips blocks decides exactly what a pass over every candidate decides.
+
+The comparisons swap functions inside the scheduler, which compiled modules would not see: they run on the
+plain-Python modules (``support.pure``), the same source the compiled build is made from."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from progrouter.config import PrefillCostModel, ProgramSchedulingConfig
-from progrouter.program import queues as queues_module
-from progrouter.program import resume
-from progrouter.program.admission import RankView, largest_fitting
-from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
-from progrouter.program.queues import RankQueue
-from progrouter.program.records import QueueEntry
-from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.state import Program, ProgramRef
-from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
-from progrouter.routing.target import Target
-
-POOL = "program:model:m"
+from progrouter.config import PrefillCostModel
+from progrouter.program.admission import largest_fitting
+from support.program_loop import POOL, Decision, ProgramModules, closed_loop
+from support.pure import plain_python
 
 
-def _program(serial: int) -> Program:
-    ref = ProgramRef(POOL, f"p{serial}", 0)
-    return Program(
-        ref, ProgramIdentity(f"p{serial}", f"p{serial}", f"p{serial}"), serial, ref.redacted_id(), 0.0
+@pytest.fixture
+def m() -> Iterator[ProgramModules]:
+    with plain_python("progrouter.program") as load:
+        yield ProgramModules.load(load)
+
+
+def _program(m: ProgramModules, serial: int) -> Any:
+    ref = m.state.ProgramRef(POOL, f"p{serial}", 0)
+    return m.state.Program(
+        ref, m.types.ProgramIdentity(f"p{serial}", f"p{serial}", f"p{serial}"), serial, ref.redacted_id(), 0.0
     )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatch: Any) -> None:
-    monkeypatch.setattr(queues_module, "BLOCK_KEYS", 4)  # many splits and merges at a few hundred keys
+def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(
+    seed: int, m: ProgramModules, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(m.queues, "BLOCK_KEYS", 4)  # many splits and merges at a few hundred keys
     rng = random.Random(seed)
-    queue = RankQueue()
-    live: dict[int, tuple[Program, QueueEntry]] = {}
+    queue = m.queues.RankQueue()
+    live: dict[int, tuple[Any, Any]] = {}
     for step in range(2000):
         if live and (len(live) > 300 or rng.random() < 0.45):
             serial = rng.choice(sorted(live))
@@ -45,10 +47,10 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
             queue.remove(program)
             assert program.queue_entry is None
         else:
-            program = _program(step)
+            program = _program(m, step)
             key = (rng.randint(0, 1), 0, 0, rng.random(), 0.0, program.ref.program_id, program.serial)
             forced_at = math.inf if rng.random() < 0.5 else rng.uniform(0.0, 10.0)
-            entry = QueueEntry(key, rng.randint(1, 1000), rng.randint(0, 1000), forced_at)
+            entry = m.records.QueueEntry(key, rng.randint(1, 1000), rng.randint(0, 1000), forced_at)
             queue.insert(program, entry)
             live[program.serial] = (program, entry)
         expected = sorted(live.values(), key=lambda pe: pe[1].key)
@@ -71,24 +73,23 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(seed: int, monkeypatc
 
 
 def _run(
-    seed: int, monkeypatch: Any, *, skip: bool, screen: bool = True, **fields: Any
-) -> tuple[list[tuple[str, int, str]], int]:
-    """A seeded closed loop of 300 Programs on two Ranks that fit about 25: long queues, matured windows,
-    forced resumes, scrapes. Returns every decision in order and how many blocks the passes skipped
-    (``skip`` False: a pass looks at every block; ``screen`` False: every candidate there is planned;
-    ``fields``: scheduling config on top of the loop's)."""
-    monkeypatch.setattr(queues_module, "BLOCK_KEYS", 2)
+    m: ProgramModules, seed: int, monkeypatch: Any, *, skip: bool, screen: bool = True, **fields: Any
+) -> tuple[list[Decision], int]:
+    """``closed_loop`` with queue blocks of two keys. Returns every decision in order and how many blocks
+    the passes skipped (``skip`` False: a pass looks at every block; ``screen`` False: every candidate there
+    is planned)."""
+    monkeypatch.setattr(m.queues, "BLOCK_KEYS", 2)
     if not screen:  # every candidate planned, each batch-gain bound computed afresh (no memo)
-        monkeypatch.setattr(resume, "_screened", lambda _view, entries, *_: (e[0] for e in entries))
-        covers = RankView._batch_bound_covers
+        monkeypatch.setattr(m.resume, "_screened", lambda _view, entries, *_: (e[0] for e in entries))
+        covers = m.admission.RankView._batch_bound_covers
 
-        def afresh(view: RankView, uncached: int) -> bool:
+        def afresh(view: Any, uncached: int) -> bool:
             view._covered_up_to, view._refused_from = -math.inf, math.inf
-            return covers(view, uncached)
+            return bool(covers(view, uncached))
 
-        monkeypatch.setattr(RankView, "_batch_bound_covers", afresh)
+        monkeypatch.setattr(m.admission.RankView, "_batch_bound_covers", afresh)
     skipped = 0
-    hopeless = resume._hopeless
+    hopeless = m.resume._hopeless
 
     def counting(view: Any, now: float) -> Any:
         test = hopeless(view, now)
@@ -97,71 +98,20 @@ def _run(
             nonlocal skipped
             result = skip and test(required, uncached, forced_at)
             skipped += result
-            return result
+            return bool(result)
 
         return wrapped
 
-    monkeypatch.setattr(resume, "_hopeless", counting)
-    config = ProgramSchedulingConfig(
-        token_capacity_per_dp_rank=100_000,
-        stats_window_size=20,
-        force_resume_timeout_seconds=2.0,
-        queue_timeout_seconds=30.0,
-        max_pooled_requests=1000,
-        global_queue=True,
-        **fields,
-    )
-    scheduler = ProgramScheduler(config)
-    targets = [Target.parse("http://w:1@0"), Target.parse("http://w:1@1")]
-    scheduler.set_targets(POOL, targets, 0.0)
-    rng = random.Random(seed)
-    contexts = [rng.randint(1_000, 9_000) for _ in range(300)]
-    decisions: list[tuple[str, int, str]] = []
-    in_flight: deque[ProgramDispatch] = deque()
-    idle: deque[int] = deque(range(300))
-    now = 0.0
-
-    def collect() -> None:
-        for outcome in scheduler.take_outcomes():
-            if isinstance(outcome, Dispatched):
-                decisions.append(("dispatch", outcome.handle.id, outcome.dispatch.target.id))
-                in_flight.append(outcome.dispatch)
-            elif isinstance(outcome, TimedOut):
-                decisions.append(("timeout", outcome.handle.id, ""))
-                idle.append(int(outcome.handle.program_id[1:]))
-
-    for step in range(2500):
-        now += rng.uniform(0.0, 0.05)
-        if idle and (not in_flight or rng.random() < 0.7):
-            i = idle.popleft()
-            hints = RequestHints(
-                priority=rng.choice([0, 0, 1]), kv_retention_ttl_seconds=rng.choice([None, 0.5])
-            )
-            identity = ProgramIdentity(f"p{i}", f"p{i}", f"p{i}")
-            scheduler.arrive(now, ProgramRequest(identity, hints, POOL, contexts[i]))
-        elif in_flight:
-            dispatch = in_flight.popleft()
-            i = int(dispatch.program.program_id[1:])
-            prompt = contexts[i]
-            contexts[i] += rng.randint(50, 400)
-            usage = UsageObservation(prompt, 100, int(prompt * rng.uniform(0.5, 1.0)))
-            scheduler.complete(now, dispatch, success=True, usage=usage, decode_seconds=1.0)
-            idle.append(i)
-        if step % 50 == 0:
-            epoch = scheduler.begin_observation(now)
-            observed = {
-                t.id: BackendObservation(rng.uniform(0.3, 0.9), rng.randint(5, 30), 0) for t in targets
-            }
-            scheduler.apply_observations(now, epoch, observed)
-            scheduler.tick(now)
-        collect()
-    return decisions, skipped
+    monkeypatch.setattr(m.resume, "_hopeless", counting)
+    return closed_loop(m, seed, **fields), skipped
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_skipping_blocks_decides_what_a_full_scan_decides(seed: int, monkeypatch: Any) -> None:
-    skipping, skipped = _run(seed, monkeypatch, skip=True)
-    scanning, none = _run(seed, monkeypatch, skip=False)
+def test_skipping_blocks_decides_what_a_full_scan_decides(
+    seed: int, m: ProgramModules, monkeypatch: Any
+) -> None:
+    skipping, skipped = _run(m, seed, monkeypatch, skip=True)
+    scanning, none = _run(m, seed, monkeypatch, skip=False)
     assert skipped > 100 and none == 0  # blocks were really skipped in one run and never in the other
     assert len(skipping) > 1000
     assert skipping == scanning
@@ -175,14 +125,14 @@ CHEAP_RECOVERY = {
 
 @pytest.mark.parametrize(("seed", "config"), [(1, {}), (2, CHEAP_RECOVERY)])
 def test_screened_passes_decide_what_planning_every_candidate_decides(
-    seed: int, config: dict[str, Any], monkeypatch: Any
+    seed: int, config: dict[str, Any], m: ProgramModules, monkeypatch: Any
 ) -> None:
     """The pass drops candidates from their queued facts (demand above the view's limit, ``judge``'s
     refusals with the view's memo of the batch-gain bound, forced ones the Rank cannot take past its
     limits) and skips blocks: the decisions are those of planning every queued candidate in resume order,
     each bound computed afresh."""
     dropped = 0
-    screened = resume._screened
+    screened = m.resume._screened
 
     def counting(view: Any, entries: Any, *args: Any) -> Any:
         nonlocal dropped
@@ -191,11 +141,11 @@ def test_screened_passes_decide_what_planning_every_candidate_decides(
         dropped += len(seen) - len(kept)
         return iter(kept)
 
-    monkeypatch.setattr(resume, "_screened", counting)
-    fast, _ = _run(seed, monkeypatch, skip=True, **config)
+    monkeypatch.setattr(m.resume, "_screened", counting)
+    fast, _ = _run(m, seed, monkeypatch, skip=True, **config)
     assert dropped > 1000  # the screen really refused candidates without planning them
     monkeypatch.undo()
-    slow, none = _run(seed, monkeypatch, skip=False, screen=False, **config)
+    slow, none = _run(m, seed, monkeypatch, skip=False, screen=False, **config)
     assert none == 0
     assert len(fast) > 1000
     assert fast == slow

@@ -15,6 +15,7 @@ The scheduler never touches blocks itself; it asks the KVCacheManager.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from progrouter.engine.kv_cache_manager import KVCacheManager
 from progrouter.engine.request import Request, RequestStatus
@@ -47,6 +48,9 @@ class EngineScheduler:
         # A head found blocked: (request, token budget, ``pool.changes`` then, the ids of its hit blocks).
         self._keep: tuple[Request, int, int, set[int]] | None = None
         self.admission_memo = True
+        #: told of each preemption before the request's progress is discarded (a diagnostic's window: the
+        #: compiled class cannot have its methods replaced)
+        self.on_preempt: Callable[[Request], None] | None = None
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -265,6 +269,8 @@ class EngineScheduler:
         return hit_blocks >= min(max_blocks, len(hashes)) or hashes[hit_blocks] not in self.kv.pool.cached_map
 
     def _preempt(self, request: Request) -> None:
+        if self.on_preempt is not None:
+            self.on_preempt(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0

@@ -187,9 +187,9 @@ class RankView:
         best = self._best_case()
         recovery = self.config.prefill_cost_model.cache_miss_impact_seconds(uncached)
         if best.batch_gain_seconds >= recovery + best.continuity_loss_seconds:
-            self._covered_up_to = uncached
+            self._covered_up_to = float(uncached)  # the memo is a float (its bounds are infinities)
             return True
-        self._refused_from = uncached
+        self._refused_from = float(uncached)
         return False
 
     def _best_case(self) -> BatchGainEstimate:

@@ -29,7 +29,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
+
+from mypy_extensions import mypyc_attr
 
 from progrouter.program.records import (
     NO_COMPLETIONS,
@@ -95,9 +97,10 @@ TRANSITIONS: dict[Event, dict[Phase, Phase | None]] = {
 
 
 #: what a row of ``TRANSITIONS`` answers for a phase its event does not allow (one lookup, no ``in``)
-_NOT_ALLOWED = cast(Phase, ("not", "allowed"))
+_NOT_ALLOWED: Phase | None = (ACTIVE, REASONING)  # a tuple of its own: compared by identity, never read
 
 
+@mypyc_attr(native_class=False)  # compiled, an exception subclass must stay a plain class
 class IllegalTransition(RuntimeError):
     """A Program state change the table does not allow: a scheduler bug, never a client error."""
 
@@ -304,6 +307,7 @@ class RankPrograms:
         yield from self.acting
 
 
+@mypyc_attr(native_class=False)  # compiled, a dict subclass must stay a plain class
 class _Ranks(dict[str, RankPrograms]):
     """Rank indexes by target id, each made on first use (a hit costs one dict lookup, no call)."""
 
