@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from progrouter.engine.profiles import BUILTIN, EngineProfile, load_profile, with_cost_models
-from progrouter.sim.arms import SimArm, standard_arm, variant_arm
+from progrouter.sim.arms import Hint, SimArm, parse_hint, standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
 from progrouter.sim.requests import SimRequest
 from progrouter.sim.routers import ProgramRouter
@@ -85,10 +85,11 @@ def build_arms(
     fleet: FleetSpec,
     agents: int,
     variants: dict[str, dict[str, Any]],
+    hints: dict[str, Hint] | None = None,
 ) -> list[SimArm]:
     """The named arms, then each ``--variant``: the spec's default config with the profile's cost models, the
     capacity arm's pool bound and the variant's fields on top (``"token_capacity_per_dp_rank": "kv"`` is the
-    Rank's KV tokens)."""
+    Rank's KV tokens), its agents sending ``hints[name]`` as ``kv_retention_ttl_seconds`` if given."""
     base = with_cost_models({}, profile.prefill_cost_model, profile.decode_throughput_model)
     capacity = {
         "token_capacity_per_dp_rank": fleet.capacity_tokens,
@@ -105,8 +106,22 @@ def build_arms(
         if overrides.get("token_capacity_per_dp_rank") == "kv":
             overrides = {**overrides, "token_capacity_per_dp_rank": fleet.capacity_tokens}
         pool = {"max_pooled_requests": capacity["max_pooled_requests"]}
-        arms.append(variant_arm(name, base, {**pool, **overrides}))
+        arms.append(variant_arm(name, base, {**pool, **overrides}, hint=(hints or {}).get(name)))
     return arms
+
+
+def parse_variant_hints(texts: list[str], variants: dict[str, dict[str, Any]]) -> dict[str, Hint]:
+    """``NAME=HINT`` pairs for variants (``progrouter simulate``'s hints: SECONDS, next-gap[:MAX])."""
+    hints: dict[str, Hint] = {}
+    for text in texts:
+        name, sep, raw = text.partition("=")
+        if not sep or name not in variants or name in hints:
+            raise SystemExit(f"--variant-hint wants NAME=HINT for a --variant given once, not {text!r}")
+        try:
+            hints[name] = parse_hint(raw)
+        except ValueError as error:
+            raise SystemExit(f"--variant-hint {name}: {error}") from None
+    return hints
 
 
 def parse_variants(texts: list[str]) -> dict[str, dict[str, Any]]:
@@ -364,6 +379,14 @@ def main(build: TraceBuilder = build_trace) -> None:
         metavar="NAME=JSON",
         help='another Program arm: the spec default + JSON (\'cap={"token_capacity_per_dp_rank": "kv"}\')',
     )
+    ap.add_argument(
+        "--variant-hint",
+        action="append",
+        default=[],
+        metavar="NAME=HINT",
+        help="the agents of variant NAME send kv_retention_ttl_seconds: SECONDS, next-gap (the coming tool "
+        "call's length, known in advance) or next-gap:MAX (that, only for tool calls up to MAX seconds)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="folder for figures.json and programs.png")
     args = ap.parse_args()
 
@@ -405,7 +428,10 @@ def run_point(
     )
     since = args.warmup_hours * 3600.0
     until = since + args.hours * 3600.0
-    arms = build_arms(names, profile, fleet, agents, parse_variants(args.variant))
+    variants = parse_variants(args.variant)
+    arms = build_arms(
+        names, profile, fleet, agents, variants, parse_variant_hints(args.variant_hint, variants)
+    )
 
     def run_arm(index: int) -> tuple[dict[str, Any], Samples]:
         arm = arms[index]

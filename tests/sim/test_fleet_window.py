@@ -67,3 +67,14 @@ def test_little_jct_matches_the_sessions_jct_when_sessions_are_alike(fleet: Modu
     assert window["sessions_completed"] > 40
     assert little == pytest.approx(window["jct_seconds"]["mean"], rel=0.05)
     assert fleet.little_jct(4, 2400.0, 0, trace) is None
+
+
+def test_variant_hints_reach_their_arms_and_bad_ones_are_refused(fleet: ModuleType) -> None:
+    variants = fleet.parse_variants(['a={"global_queue": true}', "b={}"])
+    hints = fleet.parse_variant_hints(["a=next-gap:60", "b=2.5"], variants)
+    assert hints == {"a": "next-gap:60", "b": 2.5}
+    arms = {a.name: a for a in fleet.build_arms(["native"], PROFILE, FLEET, 4, variants, hints)}
+    assert (arms["native"].hint, arms["a"].hint, arms["b"].hint) == (None, "next-gap:60", 2.5)
+    for bad in (["c=next-gap"], ["a=soon"], ["a=1", "a=2"], ["a"]):
+        with pytest.raises(SystemExit):
+            fleet.parse_variant_hints(bad, variants)
