@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel
-from progrouter.sim.arms import NEXT_GAP, NEXT_GAP_SLACK, standard_arm, variant_arm
+from progrouter.sim.arms import NEXT_GAP, NEXT_GAP_SLACK, parse_hint, standard_arm, variant_arm
 from progrouter.sim.ranks import FleetSpec
 from progrouter.sim.simulation import ArmResult, Simulation
 from progrouter.workload.facts import Fact
@@ -141,3 +141,16 @@ def test_a_next_gap_hint_arms_the_hinted_ttl() -> None:
     assert short.scheduler is not None
     assert short.scheduler["armed_ttl_seconds"]["mean"] == pytest.approx((0.75 + NEXT_GAP_SLACK) / 3)
     assert short.scheduler["transitions"]["program_admit"] == 2
+
+
+def test_a_short_hint_knows_only_whether_the_tool_call_is_short() -> None:
+    t = trace(
+        TraceTask("t", 0.0, (lead("t", req([0, 1]), req([0, 1, 2], gap=0.75), req([0, 1, 2, 3], gap=3.0)),))
+    )
+    result = Simulation(t, ONE_RANK, variant_arm("short", {}, {}, hint="short:1")).run()
+    assert result.scheduler is not None
+    # The 0.75 s tool call is held for the whole second, the 3 s one not at all, the last request gets 0.
+    assert result.scheduler["armed_ttl_seconds"]["mean"] == pytest.approx((1.0 + NEXT_GAP_SLACK) / 3)
+    assert result.scheduler["transitions"]["program_admit"] == 2
+    with pytest.raises(ValueError, match="short:MAX"):
+        parse_hint("short")

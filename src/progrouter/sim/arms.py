@@ -20,9 +20,11 @@ from progrouter.workload.arms import ARMS
 #: takes, i.e. the gap before the Program's next request plus ``NEXT_GAP_SLACK`` (a TTL of exactly the gap
 #: expires at the very instant the request arrives, as timers due at ``now`` run first); 0 after its last.
 #: ``"next-gap:MAX"`` asks for that only when the gap is at most MAX seconds, else 0 (retain short tool
-#: calls only).
+#: calls only). ``"short:MAX"`` is an agent that knows only whether its tool call is short: MAX (+ the
+#: slack) when the gap is at most MAX seconds, else 0.
 Hint = float | str | None
 NEXT_GAP = "next-gap"
+SHORT = "short"
 NEXT_GAP_SLACK = 0.1
 
 
@@ -90,11 +92,12 @@ def _seconds(text: str) -> float | None:
 def parse_hint(text: str | None) -> Hint:
     if text is None or text == "none":
         return None
-    if text == NEXT_GAP or (text.startswith(f"{NEXT_GAP}:") and _seconds(text.partition(":")[2]) is not None):
+    kind, colon, limit = text.partition(":")
+    if text == NEXT_GAP or (kind in (NEXT_GAP, SHORT) and colon and _seconds(limit) is not None):
         return text
     seconds = _seconds(text)
     if seconds is None:
-        raise ValueError(f"a retention hint is SECONDS, {NEXT_GAP}[:MAX] or none, not {text!r}")
+        raise ValueError(f"a retention hint is SECONDS, {NEXT_GAP}[:MAX], {SHORT}:MAX or none, not {text!r}")
     return seconds
 
 
@@ -107,5 +110,7 @@ def hint_value(hint: Hint, request: SimRequest) -> float | None:
     if following >= len(requests):
         return 0.0
     gap = requests[following].gap
-    _, _, limit = hint.partition(":")
-    return 0.0 if limit and gap > float(limit) else gap + NEXT_GAP_SLACK
+    kind, _, limit = hint.partition(":")
+    if limit and gap > float(limit):
+        return 0.0
+    return (float(limit) if kind == SHORT else gap) + NEXT_GAP_SLACK

@@ -106,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hint",
         default=None,
-        help="kv_retention_ttl_seconds the agents send on Program arms: SECONDS, next-gap or none",
+        help="kv_retention_ttl_seconds the agents send on Program arms: SECONDS, next-gap[:MAX], short:MAX "
+        "or none",
     )
     parser.add_argument(
         "--variant-hint", action="append", default=[], metavar="NAME=HINT", help="the hint of one arm"
