@@ -68,6 +68,7 @@ def test_improvements_beyond_the_spec_default_off() -> None:
     assert c.acting_ttl_policy is ActingTTLPolicy.SPEC
     assert (c.weighed_ttl_max_seconds, c.weighed_ttl_check_seconds) == (120.0, 5.0)
     assert _parse({"acting_ttl_policy": "weighed"}).acting_ttl_policy is ActingTTLPolicy.WEIGHED
+    assert _parse({"acting_ttl_policy": "fixed"}).acting_ttl_policy is ActingTTLPolicy.FIXED
     _rejects({"acting_ttl_policy": "forever"}, "acting_ttl_policy")
 
 

@@ -45,6 +45,7 @@ class ResumeOrder(StrEnum):
 class ActingTTLPolicy(StrEnum):
     SPEC = "spec"  # the spec's fitted TTL, capped at max_acting_ttl_seconds
     WEIGHED = "weighed"  # idle seconds weighed by the work waiting for the KV, decided again while held
+    FIXED = "fixed"  # every idle Active Program holds for max_acting_ttl_seconds, fit or no fit
 
 
 class CrossRankGate(StrEnum):

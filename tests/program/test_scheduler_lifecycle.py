@@ -101,6 +101,26 @@ def test_fitted_ttl_arms_once_the_continuity_window_is_complete(harness: Any) ->
     assert h.rank()["rolling"]["continuity_window_complete"]
 
 
+def test_the_fixed_policy_holds_every_idle_program_for_the_cap_from_the_first_completion(
+    harness: Any,
+) -> None:
+    """``acting_ttl_policy: fixed`` arms ``max_acting_ttl_seconds`` whatever the window says (the spec's
+    arms 0 until the window is complete); a request's hint still comes first."""
+    h: Harness = harness(acting_ttl_policy="fixed", max_acting_ttl_seconds=45.0)
+    handle = h.arrive("a", 20_000)
+    h.at(0.2).complete(handle, prompt=20_000)
+    assert h.histogram_values("armed_ttl_seconds", source="fixed") == [45.0]
+    assert h.histogram_values("armed_ttl_seconds", source="fitted") == []
+    assert h.program("a")["status"] == "acting"  # type: ignore[index]
+    h.tick(0.2 + 44.9)
+    assert h.program("a")["state"] == "active"  # type: ignore[index]
+    h.tick(0.2 + 45.0)
+    assert h.program("a")["state"] == "paused"  # type: ignore[index]
+    hinted = h.at(50.0).arrive("a", 20_000, kv_retention_ttl_seconds=2.0)
+    h.at(50.5).complete(hinted, prompt=20_000)
+    assert h.histogram_values("armed_ttl_seconds", source="request_hint") == [2.0]
+
+
 def test_ttl_expiry_records_segment_rounds(harness: Any) -> None:
     h: Harness = harness()
     continuous_rounds(h, "a", 3)

@@ -46,7 +46,7 @@ from progrouter.program.timers import ACTING_TTL, PAUSED_RETENTION
 from progrouter.program.types import UsageObservation
 
 #: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)
-_TTL_EXPIRED, _WEIGHED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED
+_TTL_EXPIRED, _WEIGHED, _FIXED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED, ActingTTLPolicy.FIXED
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
@@ -221,6 +221,8 @@ def _went_idle(
         hint_ttl = dispatch.hints.kv_retention_ttl_seconds
         if hint_ttl is not None:
             arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
+        elif config.acting_ttl_policy is _FIXED:
+            arm_ttl(core, program, config.max_acting_ttl_seconds, "fixed", now)
         else:
             ttl = warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar stats_warmup
             if config.acting_ttl_policy is _WEIGHED:

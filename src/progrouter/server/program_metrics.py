@@ -67,7 +67,7 @@ TRANSITION_REASONS = frozenset(
 ENUM_LABELS: Mapping[str, frozenset[str]] = {
     "reason": TRANSITION_REASONS,
     "window": frozenset({"request", "continuity"}),
-    "source": frozenset({"request_hint", "fitted"}),
+    "source": frozenset({"request_hint", "fitted", "fixed"}),
     "outcome": frozenset({"observed", "missing"}),
 }
 
