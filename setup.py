@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -22,11 +23,13 @@ if os.environ.get("PROGROUTER_COMPILE", "1") != "0":
 
     spec = runpy.run_path(str(PACKAGE / "compiled.py"))
     sources = spec["SOURCES"]
-    digests = {source: spec["digest"](PACKAGE / source) for source in sources}
-    (PACKAGE / spec["DIGESTS"]).write_text(json.dumps(digests, indent=0, sort_keys=True) + "\n")
+    digests = {source: spec["digest"](PACKAGE / source) for source in sources}  # what is compiled
     ext_modules = mypycify(
         [str((PACKAGE / source).relative_to(ROOT)) for source in sources],
         opt_level=os.environ.get("MYPYC_OPT_LEVEL", "3"),
     )
 
 setup(ext_modules=ext_modules)
+
+if ext_modules and "--inplace" in sys.argv:  # built beside the sources (setup exits on a failed build)
+    (PACKAGE / spec["DIGESTS"]).write_text(json.dumps(digests, indent=0, sort_keys=True) + "\n")

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
@@ -62,6 +63,7 @@ def model_pool_of(body: Mapping[str, Any] | None) -> str:
     return f"program:model:{model}" if isinstance(model, str) and model else ALL_MODELS_POOL
 
 
+@mypyc_attr(native_class=False)  # compiled, a subclass of a plain-Python exception stays plain
 class Draining(ScheduleError):
     """The router is shutting down: a retryable 503 for a request still waiting in the RequestPool."""
 
