@@ -24,6 +24,11 @@ if os.environ.get("PROGROUTER_COMPILE", "1") != "0":
     spec = runpy.run_path(str(PACKAGE / "compiled.py"))
     sources = spec["SOURCES"]
     digests = {source: spec["digest"](PACKAGE / source) for source in sources}  # what is compiled
+    if "--inplace" in sys.argv:
+        # New files, not old ones overwritten: a process that has the old extensions loaded keeps them
+        # (rewriting a mapped library under it can crash it), and a failed build leaves plain Python.
+        for old in [*PACKAGE.parent.glob("*__mypyc.*"), *(p for s in sources for p in spec["built"](s))]:
+            old.unlink()
     ext_modules = mypycify(
         [str((PACKAGE / source).relative_to(ROOT)) for source in sources],
         opt_level=os.environ.get("MYPYC_OPT_LEVEL", "3"),

@@ -47,15 +47,16 @@ def digest(source: Path) -> str:
     return hashlib.sha256(source.read_bytes()).hexdigest()
 
 
+def built(source: str, package: Path = PACKAGE) -> list[Path]:
+    """The extension modules beside ``source`` (what import loads instead of it)."""
+    stem = (package / source).with_suffix("")
+    found = (stem.with_name(stem.name + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return [path for path in found if path.exists()]
+
+
 def compiled(package: Path = PACKAGE) -> list[str]:
-    """The modules of ``SOURCES`` with an extension module beside their source (what import will load)."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    found = []
-    for source in SOURCES:
-        stem = (package / source).with_suffix("")
-        if any(stem.with_name(stem.name + suffix).exists() for suffix in suffixes):
-            found.append(source)
-    return found
+    """The modules of ``SOURCES`` with an extension module beside their source."""
+    return [source for source in SOURCES if built(source, package)]
 
 
 def stale(package: Path = PACKAGE) -> list[str]:

@@ -96,10 +96,6 @@ TRANSITIONS: dict[Event, dict[Phase, Phase | None]] = {
 }
 
 
-#: what a row of ``TRANSITIONS`` answers for a phase its event does not allow (one lookup, no ``in``)
-_NOT_ALLOWED: Phase | None = (ACTIVE, REASONING)  # a tuple of its own: compared by identity, never read
-
-
 @mypyc_attr(native_class=False)  # compiled, an exception subclass must stay a plain class
 class IllegalTransition(RuntimeError):
     """A Program state change the table does not allow: a scheduler bug, never a client error."""
@@ -524,11 +520,12 @@ class ProgramTable:
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
         before_state, before_status = program.state, program.status
-        after = TRANSITIONS[event].get((before_state, before_status), _NOT_ALLOWED)
+        row, before = TRANSITIONS[event], (before_state, before_status)
+        if before not in row:  # (not a sentinel compared by identity: compiled, a tuple is a new object)
+            raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
+        after = row[before]
         if after is None:
             return
-        if after is _NOT_ALLOWED:
-            raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
         program.state, program.status = after
         if after[1] is before_status or before_state is not ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
