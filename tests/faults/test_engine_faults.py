@@ -122,7 +122,11 @@ async def test_stall_longer_than_the_request_timeout(
 
     tally, watch = await drive(rig, mixed_agents(turns=8), fault, report)
     await check_invariants(rig, tally, watch)
-    assert any(r.status in (504, 200) and r.outcome == "error" for r in tally.records)  # timed out
+    # An attempt outlived the timeout: its client got a 504 or a broken stream, or (no byte relayed yet) it
+    # was sent again — 504 is retried, and a Program's retry can wait out the stall on its own Rank.
+    arrivals = Counter(a["id"] for e in rig.engines for a in read_arrivals(e.tap_log))
+    timed_out = [r for r in tally.records if r.status in (504, 200) and r.outcome == "error"]
+    assert timed_out or max(arrivals.values()) > 1
 
 
 async def test_cut_streams(make_rig: RigFactory, report: Callable[[Tally], None]) -> None:
