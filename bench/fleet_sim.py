@@ -111,7 +111,7 @@ def build_arms(
 
 
 def parse_variant_hints(texts: list[str], variants: dict[str, dict[str, Any]]) -> dict[str, Hint]:
-    """``NAME=HINT`` pairs for variants (``progrouter simulate``'s hints: SECONDS, next-gap[:MAX])."""
+    """``NAME=HINT`` pairs for variants (``progrouter simulate``'s hints, ``sim.arms.parse_hint``)."""
     hints: dict[str, Hint] = {}
     for text in texts:
         name, sep, raw = text.partition("=")
@@ -385,7 +385,8 @@ def main(build: TraceBuilder = build_trace) -> None:
         default=[],
         metavar="NAME=HINT",
         help="the agents of variant NAME send kv_retention_ttl_seconds: SECONDS, next-gap (the coming tool "
-        "call's length, known in advance) or next-gap:MAX (that, only for tool calls up to MAX seconds)",
+        "call's length, known in advance), next-gap:MAX (that, only for tool calls up to MAX seconds) or "
+        "short:MAX (MAX for tool calls up to MAX seconds, else 0)",
     )
     ap.add_argument("--out", type=Path, default=None, help="folder for figures.json and programs.png")
     args = ap.parse_args()

@@ -21,9 +21,11 @@ from support.stopping import stopping
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """A compiled module shadows its source: tests of an edited source would run the old build."""
-    _, why = compiled.up_to_date()
-    if compiled.stale():
-        pytest.exit(f"progrouter.compiled: {why}; run `make compile`", returncode=2)
+    changed = compiled.stale()
+    if changed:
+        pytest.exit(
+            f"sources changed since the build: {', '.join(changed)}; run `make compile`", returncode=2
+        )
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ one extension per module and records each source's digest in ``DIGESTS``. An ext
 test suite refuses to start on them and ``make`` rebuilds them. ``PROGROUTER_COMPILE=0`` at build time
 builds nothing and the package runs as plain Python.
 
-Left out on purpose: modules of exceptions and small value types (mypyc's native classes cannot subclass
-``Exception`` without a runtime dependency) and the observer protocol and its Prometheus implementation (mypyc
-2.4 cannot compile a method with ``**labels`` after a defaulted argument).
+Left out on purpose: ``program/types.py``, whose exceptions give their HTTP status as a class attribute each
+subclass overrides (compiled, ``PoolFull`` answered the base class's 500), and the observer protocol and its
+Prometheus implementation (mypyc 2.4 cannot compile a method with ``**labels`` after a defaulted argument).
 """
 
 from __future__ import annotations
@@ -61,20 +61,20 @@ def compiled(package: Path = PACKAGE) -> list[str]:
 
 def stale(package: Path = PACKAGE) -> list[str]:
     """Compiled modules whose source changed since the build (or whose build recorded no digest)."""
-    built = compiled(package)
-    if not built:
+    present = compiled(package)
+    if not present:
         return []
     path = package / DIGESTS
     recorded: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-    return [source for source in built if recorded.get(source) != digest(package / source)]
+    return [source for source in present if recorded.get(source) != digest(package / source)]
 
 
 def up_to_date() -> tuple[bool, str]:
     """Whether ``make compile`` has nothing to do, and why."""
-    built = compiled()
+    present = compiled()
     if os.environ.get("PROGROUTER_COMPILE", "1") == "0":
-        return True, f"PROGROUTER_COMPILE=0: plain Python ({len(built)} compiled modules left in place)"
-    missing = sorted(set(SOURCES) - set(built))
+        return True, f"PROGROUTER_COMPILE=0: plain Python ({len(present)} compiled modules left in place)"
+    missing = sorted(set(SOURCES) - set(present))
     if missing:
         return False, f"{len(missing)} of {len(SOURCES)} modules not compiled yet"
     changed = stale()

@@ -47,6 +47,7 @@ from progrouter.program.resume import (
 from progrouter.program.state import AA, ACTIVE, PA, Program
 from progrouter.program.timers import (
     ACTING_TTL,
+    FORCE_RESUME,
     OBSERVATION_STALE,
     PAUSED_RETENTION,
     QUEUE_TIMEOUT,
@@ -219,7 +220,7 @@ class ProgramScheduler:
             wait(core, program, now)
         self._decide(now)
         if timer_deadline is not None and core.pool.holds(handle.id):  # still retained: it may time out
-            core.timers.add(timer_deadline, TimerKind.QUEUE_TIMEOUT, handle.id)
+            core.timers.add(timer_deadline, QUEUE_TIMEOUT, handle.id)
         return handle
 
     def _retain(
@@ -351,7 +352,7 @@ class ProgramScheduler:
         self._advance(now)
         stale_at = now + core.ledger.freshness_seconds + STALE_MARGIN_SECONDS
         for target_id in core.ledger.apply(now, epoch, observations):
-            core.timers.add(stale_at, TimerKind.OBSERVATION_STALE, target_id)
+            core.timers.add(stale_at, OBSERVATION_STALE, target_id)
             account = core.ledger.accounts[target_id]
             observation = account.observation
             assert observation is not None
@@ -405,19 +406,19 @@ class ProgramScheduler:
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
         core = self._core
-        if kind is TimerKind.QUEUE_TIMEOUT:
+        if kind is QUEUE_TIMEOUT:
             assert isinstance(payload, int)
             return core.pool.holds(payload)
-        if kind is TimerKind.OBSERVATION_STALE:
+        if kind is OBSERVATION_STALE:
             assert isinstance(payload, str)
             observed_at = core.ledger.account(payload).observed_at if payload in core.targets else None
             return observed_at is not None and observed_at + core.ledger.freshness_seconds < when
         assert isinstance(payload, Program)
         if payload.timer_due.get(kind) != when or core.table.lookup(payload.ref) is not payload:
             return False
-        if kind is TimerKind.ACTING_TTL:
+        if kind is ACTING_TTL:
             relevant = payload.phase == AA
-        elif kind is TimerKind.FORCE_RESUME:
+        elif kind is FORCE_RESUME:
             relevant = payload.queue_entry is not None
         else:
             relevant = payload.phase == PA
