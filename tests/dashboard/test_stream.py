@@ -113,3 +113,19 @@ async def test_a_drain_ends_open_streams_instead_of_waiting_on_them(
         assert (await response.content.readline()).startswith(b"data: ")
         assert await drain(router.app[STATE_KEY], 30.0)  # False would mean the stream held the drain
         assert await response.content.read() is not None  # the stream ends
+
+
+async def test_the_feed_names_the_kv_size_to_configure_when_capacity_is_unset(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    engine = await make_engine(num_blocks=300, block_size=16)
+    router = await make_router([engine.url], {**PROGRAM, "token_capacity_per_dp_rank": None})
+    await post(client, router, "prog-a", ttl=0.2)
+
+    def told(push: dict[str, Any]) -> list[dict[str, Any]]:
+        return [e for e in push["events"] if e["event"] == "token_capacity_unset"]
+
+    push = await wait_until(lambda: first_push(client, router.url + "/dashboard/stream"), told)
+    (event,) = told(push)
+    assert event["reported_kv_tokens_per_dp_rank"] == 300 * 16
+    assert event["max_active_programs_per_target"] == 64 and event["base_url"] == engine.url

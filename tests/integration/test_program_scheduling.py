@@ -188,3 +188,38 @@ async def test_a_stream_the_client_leaves_after_done_completes_its_request(
     finally:
         stream_end.set()
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("capacity", [None, CAPACITY], ids=["unset", "configured"])
+async def test_an_unset_token_capacity_names_the_kv_size_vllm_reports_once(
+    make_engine: EngineFactory,
+    make_proxy: Any,
+    make_router: RouterFactory,
+    client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    capacity: int | None,
+) -> None:
+    caplog.set_level(logging.INFO, logger="progrouter")
+    engine = await make_engine(data_parallel_size=2, num_blocks=250, block_size=16)
+    proxy = await make_proxy(engine.url)  # counts the router's scrapes
+    config = {"token_capacity_per_dp_rank": capacity, "metrics_interval_seconds": 0.1}
+    router = await make_router([proxy.url], config, intra_node_data_parallel_size=2)
+    status, _ = await post(client, router, program_body("prog-a", words("a", 20)))  # polling starts
+    assert status == 200
+    await wait_until(lambda: asyncio.sleep(0, proxy.metrics_hits), lambda h: h >= 6)
+
+    def told() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if "event=token_capacity_unset" in r.getMessage() and r.levelno == logging.WARNING
+        ]
+
+    if capacity is not None:
+        assert told() == []
+        return
+    (line,) = told()
+    assert "reported_kv_tokens_per_dp_rank=4000" in line  # 250 blocks × 16 tokens, each Rank
+    assert "max_active_programs_per_target=64" in line
+    assert f"base_url={proxy.url}" in line
+    assert "prog-a" not in line  # no Program ID in a warning

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import urllib.request
@@ -176,6 +177,30 @@ async def test_backend_observation_parses_real_metrics_per_engine(
         assert r["capacity_accounting_source"] == "backend_observation"
         assert r["observation_fresh"] is True
         assert r["configured_token_capacity"] == KV_TOKENS_PER_RANK
+
+
+async def test_an_unset_token_capacity_names_real_vllms_kv_size_per_rank(
+    make_router: RouterFactory, vllm_server: VllmServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM 0.32 with two Ranks labels each engine with the summed block count but its own token size."""
+    caplog.set_level(logging.INFO, logger="progrouter")
+    router = await make_router(program_config(token_capacity_per_dp_rank=None))
+    body = {
+        "model": MODEL_NAME,
+        "prompt": fresh_ids(64),
+        "max_tokens": 4,
+        "vllm_xargs": agentic(f"cap-{uuid.uuid4().hex[:8]}"),
+    }
+
+    def told() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "event=token_capacity_unset" in r.getMessage()]
+
+    async with aiohttp.ClientSession() as s:
+        async with s.post(router.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+        await wait_until(lambda: asyncio.sleep(0, told()), bool, timeout=60.0)
+    (line,) = told()
+    assert f"reported_kv_tokens_per_dp_rank={KV_TOKENS_PER_RANK}" in line
 
 
 async def _stream(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:

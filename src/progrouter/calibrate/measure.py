@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from progrouter.observe.vllm_metrics import kv_capacity_tokens
 from progrouter.routing.target import Target
 
 # Token ids are drawn from this range: above the special tokens of common vocabularies, below any vocabulary
@@ -290,34 +291,6 @@ class PromptFactory:
         return " ".join("".join(self.rng.choice(letters) for _ in range(5)) for _ in range(words))
 
 
-def parse_kv_capacity(metrics_text: str, rank: int) -> int | None:
-    """KV tokens of one Rank from ``vllm:cache_config_info`` (its ``engine`` label).
-
-    ``kv_cache_size_tokens`` when present: with ``--data-parallel-size 2`` vLLM 0.32 labels each engine with
-    ``num_gpu_blocks`` summed over the Ranks (1024 for 512 per Rank) but the per-engine token size right.
-    Otherwise ``num_gpu_blocks × block_size`` (older vLLM, the emulator).
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            if family.name != "vllm:cache_config_info":
-                continue
-            for sample in family.samples:
-                labels = sample.labels
-                if labels.get("engine", "0") != str(rank):
-                    continue
-                tokens = labels.get("kv_cache_size_tokens", "")
-                if tokens.isdigit():
-                    return int(tokens)
-                blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
-                if blocks.isdigit() and size.isdigit():
-                    return int(blocks) * int(size)
-    except ValueError:
-        return None
-    return None
-
-
 async def _discover(backend: Backend, model: str | None) -> tuple[str, int | None]:
     listing = await backend.get_json("/v1/models")
     served = [m for m in listing.get("data", []) if isinstance(m, dict) and "id" in m]
@@ -385,7 +358,7 @@ async def measure(
         backend = Backend(session, target, api_key=api_key, timeout=plan.request_timeout_seconds)
         backend.model, max_len = await _discover(backend, model)
         metrics = await backend.get_text("/metrics")
-        capacity = parse_kv_capacity(metrics, target.rank) if metrics else None
+        capacity = kv_capacity_tokens(metrics, target.rank) if metrics else None
         result = Measurement(url, backend.model, "token_ids", max_len, capacity, plan, started_at=time.time())
         t0 = time.monotonic()
         prompts = PromptFactory(plan.seed)

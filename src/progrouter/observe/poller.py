@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import aiohttp
 
+from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.vllm_metrics import observations_for_targets, parse_vllm_metrics
 from progrouter.program.types import BackendObservation
 from progrouter.routing.target import Target
@@ -40,8 +41,10 @@ class MetricsScraper:
         *,
         api_key: str | None = None,
         timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS,
+        capacity_hint: CapacityHint | None = None,  # reads each page too (only when capacity is unset)
     ) -> None:
         self._session = session
+        self._capacity_hint = capacity_hint
         self._headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._failing: dict[str, str] = {}  # base_url -> last error logged at WARN
@@ -78,6 +81,8 @@ class MetricsScraper:
         except (aiohttp.ClientError, ValueError) as exc:  # ValueError: malformed exposition or encoding
             self._failed(base_url, f"{type(exc).__name__}: {exc}")
             return {}
+        if self._capacity_hint is not None:
+            self._capacity_hint.saw(base_url, text, targets)
         if self._failing.pop(base_url, None) is not None:
             log.info("%s base_url=%s", RECOVERED_MESSAGE, base_url, extra={"base_url": base_url})
         return observations_for_targets(targets, parsed)

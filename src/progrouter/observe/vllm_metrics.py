@@ -8,6 +8,9 @@ the scheduler falls back to its own ledger.
 
 Parsing uses ``prometheus_client``'s parser on the lines of these families only, so a large exposition (vLLM
 exports many histograms) costs a line scan, not a full parse.
+
+``kv_capacity_tokens`` reads a fourth family, ``vllm:cache_config_info``, for what scheduling is not told:
+the KV size of a Rank (``progrouter calibrate`` writes it into a config; the router names it when unset).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 FAMILIES = (KV_CACHE_USAGE, RUNNING, WAITING)
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 _PREFIXES = tuple(
     p for name in FAMILIES for p in (f"{name}{{", f"{name} ", f"# TYPE {name} ", f"# HELP {name} ")
@@ -59,3 +63,31 @@ def observations_for_targets(
 ) -> dict[str, BackendObservation]:
     """Map engine observations to the targets (Ranks) of one worker URL, keyed by target id."""
     return {t.id: parsed[t.rank] for t in targets if t.rank in parsed}
+
+
+def kv_capacity_tokens(text: str, rank: int) -> int | None:
+    """KV tokens of one Rank from ``vllm:cache_config_info`` (its ``engine`` label); None if not reported.
+
+    ``kv_cache_size_tokens`` when present: with ``--data-parallel-size 2`` vLLM 0.32 labels each engine with
+    ``num_gpu_blocks`` summed over the Ranks (1024 for 512 per Rank) but the per-engine token size right.
+    Otherwise ``num_gpu_blocks × block_size`` (older vLLM, the emulator). A malformed exposition is None.
+    """
+    if CACHE_CONFIG_INFO not in text:
+        return None
+    prefixes = (f"{CACHE_CONFIG_INFO}{{", f"{CACHE_CONFIG_INFO} ", f"# TYPE {CACHE_CONFIG_INFO}")
+    relevant = "\n".join(line for line in text.splitlines() if line.lstrip().startswith(prefixes))
+    try:
+        for family in text_string_to_metric_families(relevant + "\n"):
+            for sample in family.samples:
+                labels = sample.labels
+                if labels.get("engine", "0") != str(rank):
+                    continue
+                tokens = labels.get("kv_cache_size_tokens", "")
+                if tokens.isdigit():
+                    return int(tokens)
+                blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit():
+                    return int(blocks) * int(size)
+    except ValueError:
+        return None
+    return None

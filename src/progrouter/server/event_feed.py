@@ -1,5 +1,5 @@
 """The scheduling events an operator watches (admit, pause, TTL expiry, force resume, cross-Rank resume,
-failover), kept in a bounded ring for the dashboard and ``progrouter top``.
+failover, the KV size to configure), kept in a bounded ring for the dashboard and ``progrouter top``.
 
 Fed by the live ``SchedulerObserver`` (``PrometheusObserver``); only the names below and only bounded,
 redacted fields are kept, so the feed can be shown to anyone who may read the diagnostics.
@@ -18,6 +18,7 @@ SHOWN: Mapping[str, tuple[str, ...]] = {
     "program_pause": ("program", "target", "reason", "released_private_tokens"),
     "capacity_observation_fallback": ("target", "source", "observation_age_seconds"),
     "capacity_observation_recovered": ("target", "source"),
+    "token_capacity_unset": ("base_url", "reported_kv_tokens_per_dp_rank", "max_active_programs_per_target"),
 }
 # Transition reasons that no event above already reports.
 SHOWN_TRANSITIONS = frozenset({"cross_rank_resume", "health_failover", "paused_retention_release"})

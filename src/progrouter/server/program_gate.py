@@ -34,6 +34,7 @@ from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
+from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
 from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE
 from progrouter.program.identity import extract_identity
@@ -145,7 +146,10 @@ class ProgramGate:
         self.observer = PrometheusObserver(registry)
         self.scheduler = ProgramScheduler(program, observer=self.observer, cache_index=cache_index)
         self.estimator = TokenEstimator(self.observer)
-        self._scraper = MetricsScraper(session, api_key=config.api_key)
+        hint = None
+        if program.token_capacity_per_dp_rank is None and not program.binding_only:
+            hint = CapacityHint(self.observer, program.max_active_programs_per_target)  # names vLLM's KV size
+        self._scraper = MetricsScraper(session, api_key=config.api_key, capacity_hint=hint)
         self._keep_text = program.binding_strategy is BindingStrategy.CACHE_AWARE
         self._targets: list[Target] = []
         self._pools: set[str] = set()
