@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import uvloop
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState, CircuitBreaker
-from support.factories import RouterFactory
+from progrouter.server.runner import start_router
+from support.factories import RouterFactory, router_config
 
 from .conftest import WorkerFactory
 from .test_metrics import _samples
 from .test_program_path import _diagnostics, _in_flight, _program_body
+from .workers import FakeWorker
 
 
 def _breaker(seen: list[tuple[str, str]]) -> CircuitBreaker:
@@ -37,6 +40,18 @@ def test_closed_open_half_open_closed() -> None:
     cb.record(True, 14.2)
     assert cb.state is BreakerState.CLOSED
     assert seen == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+def test_seconds_until_half_open_count_down_from_the_opening() -> None:
+    cb = _breaker([])
+    assert cb.seconds_until_half_open(0.0) == 0.0  # closed
+    for t in (0.0, 0.25, 0.5):
+        cb.record(False, t)
+    assert cb.seconds_until_half_open(4.25) == 6.25  # opened at 0.5, for 10 s
+    assert cb.seconds_until_half_open(10.5) == 0.0 and cb.seconds_until_half_open(11.0) == 0.0
+    assert cb.allows(10.5) and cb.seconds_until_half_open(10.5) == 0.0  # half-open
+    breakers = Breakers(cb.settings, enabled=True)
+    assert breakers.seconds_until_half_open("never-seen", 0.0) == 0.0
 
 
 def test_a_failure_in_half_open_reopens_and_restarts_the_timeout() -> None:
@@ -178,3 +193,51 @@ async def test_an_open_circuit_fails_its_programs_over_and_half_open_offers_the_
 
     await asyncio.wait_for(offered_again(), timeout=5)  # half-open: a candidate for placement again
     assert _in_flight(await _diagnostics(client, router.url)) == 0
+
+
+def test_under_uvloop_every_half_open_offers_the_target_again() -> None:
+    """The production loop (uvloop) keeps time in whole milliseconds, so a timer can fire up to 1 ms before
+    its delay has passed on ``time.monotonic`` (measured: 108 of 300 timers early, by up to 0.92 ms). The
+    re-offer that follows an open circuit's timeout must then re-arm; a missed one left the Rank out of
+    Program placement until some native request or health change came by — here, none ever does."""
+    uvloop.run(_open_and_offer_again(cycles=12))
+
+
+async def _open_and_offer_again(cycles: int) -> None:
+    workers = [await FakeWorker("w0").start(), await FakeWorker("w1").start()]
+    by_name = {w.name: w for w in workers}
+    config = router_config(
+        [w.url for w in workers],
+        disable_retries=True,
+        cb_failure_threshold=1,
+        cb_timeout_duration_secs=0.05,
+        program_scheduling=ProgramSchedulingConfig(),
+    )
+    router = await start_router(config)
+    try:
+        async with aiohttp.ClientSession() as client:
+            url = router.url + "/v1/chat/completions"
+
+            async def post() -> tuple[int, str]:
+                async with client.post(url, json=_program_body("task-uv")) as resp:
+                    await resp.read()
+                    return resp.status, resp.headers.get("X-Worker", "")
+
+            async def offered() -> set[str]:
+                return {r["target_id"] for r in (await _diagnostics(client, router.url))["ranks"]}
+
+            for cycle in range(cycles):
+                status, home = await post()
+                assert status == 200, cycle
+                bad = by_name[home]
+                bad.mode = "status:500"
+                assert (await post())[0] == 500  # the failure opens the home worker's circuit
+                bad.mode = None
+                deadline = asyncio.get_running_loop().time() + 5.0
+                while bad.url not in await offered():
+                    assert asyncio.get_running_loop().time() < deadline, f"cycle {cycle}: never offered again"
+                    await asyncio.sleep(0.01)
+    finally:
+        await router.stop()
+        for worker in workers:
+            await worker.stop()

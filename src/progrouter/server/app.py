@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,13 +161,25 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
         finally:
             offering = False
 
+    def offer_when_half_open(worker: str) -> None:
+        """Offer an open circuit's Rank again once its timeout has passed. A loop timer may fire early —
+        uvloop keeps time in whole milliseconds, so by up to 1 ms on ``time.monotonic`` — and the breaker,
+        asked a moment too soon, stays open with nothing left to ask it again: so re-arm until it may."""
+        left = breakers.seconds_until_half_open(worker, time.monotonic())
+        if left > 0:
+            asyncio.get_running_loop().call_later(left, offer_when_half_open, worker)
+        else:
+            offer_program_targets()
+
     def transition(worker: str, before: BreakerState, after: BreakerState) -> None:
         metrics.cb_state.labels(worker).set(int(after))
         metrics.cb_transitions.labels(worker, before.label, after.label).inc()
         log.warning("circuit breaker of %s: %s -> %s", worker, before.label, after.label)
         offer_program_targets()
         if after is BreakerState.OPEN and state.gate is not None:
-            asyncio.get_running_loop().call_later(config.cb_timeout_duration_secs, offer_program_targets)
+            asyncio.get_running_loop().call_later(
+                config.cb_timeout_duration_secs, offer_when_half_open, worker
+            )
 
     breakers = Breakers(
         BreakerSettings.from_config(config), enabled=config.circuit_breaker_enabled, on_transition=transition

@@ -85,6 +85,12 @@ class CircuitBreaker:
             self._move(BreakerState.HALF_OPEN, now)
         return self.state is not BreakerState.OPEN
 
+    def seconds_until_half_open(self, now: float) -> float:
+        """How long an open breaker still refuses (0 when it is not open, or its timeout has passed)."""
+        if self.state is not BreakerState.OPEN:
+            return 0.0
+        return max(0.0, self._opened_at + self.settings.timeout - now)
+
     def record(self, success: bool, now: float) -> None:
         """One finished attempt on the worker."""
         if success:
@@ -135,6 +141,10 @@ class Breakers:
 
     def allows(self, target_id: str, now: float) -> bool:
         return not self.enabled or target_id not in self._by_target or self._by_target[target_id].allows(now)
+
+    def seconds_until_half_open(self, target_id: str, now: float) -> float:
+        breaker = self._by_target.get(target_id)
+        return 0.0 if not self.enabled or breaker is None else breaker.seconds_until_half_open(now)
 
     def record(self, target_id: str, success: bool, now: float) -> None:
         if self.enabled:
