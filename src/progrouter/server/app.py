@@ -175,11 +175,11 @@ def _proxy(config: RouterConfig, state: RouterState) -> Proxy:
         metrics.cb_state.labels(worker).set(int(after))
         metrics.cb_transitions.labels(worker, before.label, after.label).inc()
         log.warning("circuit breaker of %s: %s -> %s", worker, before.label, after.label)
-        offer_program_targets()
-        if after is BreakerState.OPEN and state.gate is not None:
+        if after is BreakerState.OPEN and state.gate is not None:  # armed first: the offer may raise
             asyncio.get_running_loop().call_later(
                 config.cb_timeout_duration_secs, offer_when_half_open, worker
             )
+        offer_program_targets()
 
     breakers = Breakers(
         BreakerSettings.from_config(config), enabled=config.circuit_breaker_enabled, on_transition=transition
