@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv compile upstream demo test test-deps lint typecheck unit test-vllm vllm-env bench clean
+.PHONY: venv compile upstream demo test test-deps lint typecheck unit unit-uvloop test-vllm vllm-env bench clean
 
 # The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
 # its own venv, never a dependency of the product.
@@ -45,13 +45,18 @@ typecheck: $(STAMP)
 unit: $(STAMP) $(UPSTREAM_STAMP) compile
 	$(PY) -m pytest -q
 
+# The suites that serve HTTP once more on uvloop, the loop `progrouter serve` runs on (pytest-asyncio's is
+# the standard one): uvloop's millisecond timers once kept an open circuit's Rank out of Program placement.
+unit-uvloop: $(STAMP) $(UPSTREAM_STAMP) compile
+	PROGROUTER_TEST_LOOP=uvloop $(PY) -m pytest -q tests/server tests/integration tests/faults
+
 # The browser and promtool the dashboard and deploy/ tests use (Debian packages; CI runs as root).
 test-deps:
 	@command -v chromium >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    chromium prometheus)
 
-test: test-deps lint typecheck unit
+test: test-deps lint typecheck unit unit-uvloop
 
 vllm-env:
 	bash scripts/vllm-cpu-env

@@ -5,6 +5,7 @@ A directory (or module) changes the emulator's defaults by overriding the ``engi
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -62,3 +63,13 @@ async def make_router() -> AsyncIterator[RouterFactory]:
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+
+if os.environ.get("PROGROUTER_TEST_LOOP") == "uvloop":  # defined only then: the hook may not answer None
+
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+        """Run the async tests on uvloop, the loop ``progrouter serve`` uses (``make test-uvloop``)."""
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
