@@ -65,7 +65,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-
 if os.environ.get("PROGROUTER_TEST_LOOP") == "uvloop":  # defined only then: the hook may not answer None
 
     def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
