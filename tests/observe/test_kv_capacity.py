@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from progrouter.observe.vllm_metrics import kv_capacity_tokens
+from progrouter.observe.vllm_metrics import kv_capacities
 
 # As vLLM 0.32 CPU prints it with --data-parallel-size 2 --num-gpu-blocks-override 512 --block-size 32.
 _LABELS = (
@@ -23,24 +23,20 @@ vllm:cache_config_info{block_size="16",engine="0",model_name="m",num_gpu_blocks=
 
 
 def test_prefers_the_per_engine_token_size() -> None:
-    assert kv_capacity_tokens(VLLM_DP2, 0) == 16384
-    assert kv_capacity_tokens(VLLM_DP2, 1) == 20000
+    assert kv_capacities(VLLM_DP2) == {0: 16384, 1: 20000}
 
 
 def test_falls_back_to_blocks_times_block_size() -> None:
-    assert kv_capacity_tokens(EMULATOR, 0) == 188 * 16
+    assert kv_capacities(EMULATOR) == {0: 188 * 16}
 
 
-def test_unknown_rank_or_garbage_gives_none() -> None:
-    assert kv_capacity_tokens(EMULATOR, 3) is None
-    assert kv_capacity_tokens("not { prometheus", 0) is None
-    assert kv_capacity_tokens("", 0) is None
+def test_garbage_or_nothing_gives_no_size() -> None:
+    assert kv_capacities("not { prometheus") == {}
+    assert kv_capacities("") == {}
+    assert kv_capacities('vllm:cache_config_info{block_size="16" 1.0\n') == {}  # a broken line
 
 
-def test_read_among_the_other_families_and_a_broken_info_line_gives_none() -> None:
+def test_read_among_the_other_families_an_engine_without_a_size_is_left_out() -> None:
     running, usage = 'vllm:num_requests_running{engine="0"} 3\n', 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
-    text = running + EMULATOR + usage
-    assert kv_capacity_tokens(text, 0) == 188 * 16
-    assert kv_capacity_tokens('vllm:cache_config_info{block_size="16" 1.0\n', 0) is None
-    no_size = 'vllm:cache_config_info{engine="0",num_gpu_blocks="188"} 1.0\n'
-    assert kv_capacity_tokens(no_size, 0) is None
+    no_size = 'vllm:cache_config_info{engine="1",num_gpu_blocks="188"} 1.0\n'
+    assert kv_capacities(running + EMULATOR + no_size + usage) == {0: 188 * 16}

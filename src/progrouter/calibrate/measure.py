@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from progrouter.observe.vllm_metrics import kv_capacity_tokens
+from progrouter.observe.vllm_metrics import kv_capacities
 from progrouter.routing.target import Target
 
 # Token ids are drawn from this range: above the special tokens of common vocabularies, below any vocabulary
@@ -358,7 +358,7 @@ async def measure(
         backend = Backend(session, target, api_key=api_key, timeout=plan.request_timeout_seconds)
         backend.model, max_len = await _discover(backend, model)
         metrics = await backend.get_text("/metrics")
-        capacity = kv_capacity_tokens(metrics, target.rank) if metrics else None
+        capacity = kv_capacities(metrics).get(target.rank) if metrics else None
         result = Measurement(url, backend.model, "token_ids", max_len, capacity, plan, started_at=time.time())
         t0 = time.monotonic()
         prompts = PromptFactory(plan.seed)

@@ -9,7 +9,7 @@ the scheduler falls back to its own ledger.
 Parsing uses ``prometheus_client``'s parser on the lines of these families only, so a large exposition (vLLM
 exports many histograms) costs a line scan, not a full parse.
 
-``kv_capacity_tokens`` reads a fourth family, ``vllm:cache_config_info``, for what scheduling is not told:
+``kv_capacities`` reads a fourth family, ``vllm:cache_config_info``, for what scheduling is not told:
 the KV size of a Rank (``progrouter calibrate`` writes it into a config; the router names it when unset).
 """
 
@@ -29,9 +29,18 @@ WAITING = "vllm:num_requests_waiting"
 FAMILIES = (KV_CACHE_USAGE, RUNNING, WAITING)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
-_PREFIXES = tuple(
-    p for name in FAMILIES for p in (f"{name}{{", f"{name} ", f"# TYPE {name} ", f"# HELP {name} ")
-)
+
+def _prefixes(*names: str) -> tuple[str, ...]:
+    return tuple(p for name in names for p in (f"{name}{{", f"{name} ", f"# TYPE {name} ", f"# HELP {name} "))
+
+
+def _lines(text: str, prefixes: tuple[str, ...]) -> str:
+    """The exposition's lines of some families only, for the parser (a line scan, not a full parse)."""
+    return "\n".join(line for line in text.splitlines() if line.lstrip().startswith(prefixes)) + "\n"
+
+
+_PREFIXES = _prefixes(*FAMILIES)
+_CACHE_CONFIG_PREFIXES = _prefixes(CACHE_CONFIG_INFO)
 
 
 def _engine(labels: Mapping[str, str]) -> int:
@@ -41,9 +50,8 @@ def _engine(labels: Mapping[str, str]) -> int:
 
 def parse_vllm_metrics(text: str) -> dict[int, BackendObservation]:
     """Observations keyed by engine index; raises ``ValueError`` on a malformed exposition."""
-    relevant = "\n".join(line for line in text.splitlines() if line.lstrip().startswith(_PREFIXES))
     values: dict[int, dict[str, float]] = {}
-    for family in text_string_to_metric_families(relevant + "\n"):
+    for family in text_string_to_metric_families(_lines(text, _PREFIXES)):
         for sample in family.samples:
             if sample.name in FAMILIES and math.isfinite(sample.value):
                 values.setdefault(_engine(sample.labels), {})[sample.name] = float(sample.value)
@@ -65,29 +73,29 @@ def observations_for_targets(
     return {t.id: parsed[t.rank] for t in targets if t.rank in parsed}
 
 
-def kv_capacity_tokens(text: str, rank: int) -> int | None:
-    """KV tokens of one Rank from ``vllm:cache_config_info`` (its ``engine`` label); None if not reported.
+def kv_capacities(text: str) -> dict[int, int]:
+    """KV tokens per engine (Rank) from ``vllm:cache_config_info``; {} when not reported or malformed.
 
     ``kv_cache_size_tokens`` when present: with ``--data-parallel-size 2`` vLLM 0.32 labels each engine with
     ``num_gpu_blocks`` summed over the Ranks (1024 for 512 per Rank) but the per-engine token size right.
-    Otherwise ``num_gpu_blocks × block_size`` (older vLLM, the emulator). A malformed exposition is None.
+    Otherwise ``num_gpu_blocks × block_size`` (older vLLM, the emulator).
     """
     if CACHE_CONFIG_INFO not in text:
-        return None
-    prefixes = (f"{CACHE_CONFIG_INFO}{{", f"{CACHE_CONFIG_INFO} ", f"# TYPE {CACHE_CONFIG_INFO}")
-    relevant = "\n".join(line for line in text.splitlines() if line.lstrip().startswith(prefixes))
+        return {}
+    sizes: dict[int, int] = {}
     try:
-        for family in text_string_to_metric_families(relevant + "\n"):
+        for family in text_string_to_metric_families(_lines(text, _CACHE_CONFIG_PREFIXES)):
             for sample in family.samples:
                 labels = sample.labels
-                if labels.get("engine", "0") != str(rank):
-                    continue
+                engine = labels.get("engine", "0")
                 tokens = labels.get("kv_cache_size_tokens", "")
-                if tokens.isdigit():
-                    return int(tokens)
                 blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
-                if blocks.isdigit() and size.isdigit():
-                    return int(blocks) * int(size)
+                if not engine.isdigit():
+                    continue
+                if tokens.isdigit():
+                    sizes[int(engine)] = int(tokens)
+                elif blocks.isdigit() and size.isdigit():
+                    sizes[int(engine)] = int(blocks) * int(size)
     except ValueError:
-        return None
-    return None
+        return {}
+    return sizes
