@@ -21,6 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 REFERENCE_PREFILL_TOKENS = 50_000
 REFERENCE_DECODE_BATCH_SIZE = 4
@@ -30,6 +31,46 @@ CALIBRATION_DOCS = "docs/calibration.md"
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the offending field."""
+
+
+def setting(
+    *,
+    flag: str | None = None,
+    action: Literal["append", "store_false"] | None = None,
+    metavar: str | None = None,
+    text_flag: bool = False,
+    no_flag: bool = False,
+    beyond: Literal["spec", "upstream"] | None = None,
+    minimum: float | None = None,
+    exclusive_minimum: float | None = None,
+    maximum: float | None = None,
+) -> JsonDict:
+    """What a field declares beyond its type, default and description (``json_schema_extra``).
+
+    The command line (``progrouter.config_cli``) and the settings reference (``progrouter.settings_doc``)
+    are generated from the fields, so a setting is declared once: ``flag`` where it is not
+    ``--<field-name>``, ``action`` for a repeatable or negative flag, ``text_flag`` when the model, not
+    argparse, converts the text (``--prometheus-port off``), ``no_flag`` for settings of the file and
+    environment only, ``beyond`` what the spec or upstream has, and bounds that a validator (not a
+    ``Field`` constraint) enforces, as JSON-schema keywords.
+    """
+    extra: JsonDict = {}
+    for key, value in (
+        ("x-flag", flag),
+        ("x-flag-action", action),
+        ("x-metavar", metavar),
+        ("x-beyond", beyond),
+        ("minimum", minimum),
+        ("exclusiveMinimum", exclusive_minimum),
+        ("maximum", maximum),
+    ):
+        if value is not None:
+            extra[key] = value
+    if text_flag:
+        extra["x-flag-text"] = True
+    if no_flag:
+        extra["x-no-flag"] = True
+    return extra
 
 
 class EnableKey(StrEnum):
@@ -89,10 +130,27 @@ class _Strict(BaseModel):
 class PrefillCostModel(_Strict):
     """Cold-prefill seconds = intercept + linear·x + quadratic·x², x = uncached tokens / 1000."""
 
-    intercept_seconds: float = 0.06600061907132926
-    linear_seconds_per_1k_tokens: float = 0.05702024012166613
-    quadratic_seconds_per_1k_tokens_squared: float = 0.0044057347937978475
-    decode_throughput_alpha: float = 0.15
+    intercept_seconds: float = Field(
+        default=0.06600061907132926,
+        description="fixed part of the cold-prefill estimate used by TTL utility and batch-gain decisions",
+        json_schema_extra=setting(minimum=0),
+    )
+    linear_seconds_per_1k_tokens: float = Field(
+        default=0.05702024012166613,
+        description="cold-prefill seconds per 1K uncached prompt tokens",
+        json_schema_extra=setting(minimum=0),
+    )
+    quadratic_seconds_per_1k_tokens_squared: float = Field(
+        default=0.0044057347937978475,
+        description="cold-prefill seconds per squared 1K uncached tokens (long prompts)",
+        json_schema_extra=setting(minimum=0),
+    )
+    decode_throughput_alpha: float = Field(
+        default=0.15,
+        description="share of decode throughput kept while a prefill is mixed into the batch; the "
+        "cache-miss impact is prefill seconds x (2 - alpha)",
+        json_schema_extra=setting(minimum=0, maximum=1.0),
+    )
 
     @field_validator(
         "intercept_seconds", "linear_seconds_per_1k_tokens", "quadratic_seconds_per_1k_tokens_squared"
@@ -129,9 +187,21 @@ class PrefillCostModel(_Strict):
 class DecodeThroughputModel(_Strict):
     """Decode step seconds = fixed + batch·B + context·C (C = sum of full contexts)."""
 
-    fixed_step_seconds: float = 0.010635218423115973
-    batch_step_seconds_per_request: float = 0.0004192803698834784
-    context_step_seconds_per_token: float = 1.420458414996201e-7
+    fixed_step_seconds: float = Field(
+        default=0.010635218423115973,
+        description="batch-independent decode-step seconds of the throughput surface (admission batch gain)",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    batch_step_seconds_per_request: float = Field(
+        default=0.0004192803698834784,
+        description="decode-step seconds each request in the batch adds",
+        json_schema_extra=setting(minimum=0),
+    )
+    context_step_seconds_per_token: float = Field(
+        default=1.420458414996201e-7,
+        description="decode-step seconds each token of the batch's full Program contexts adds",
+        json_schema_extra=setting(minimum=0),
+    )
 
     @field_validator("fixed_step_seconds")
     @classmethod
@@ -174,63 +244,231 @@ class ProgramSchedulingConfig(_Strict):
     program_scheduling_enable_key: EnableKey = Field(
         default=EnableKey.CANONICAL,
         validation_alias=AliasChoices("program_scheduling_enable_key", "enable_key"),
+        description="which identity inputs opt a request in: only the canonical vllm_xargs.agentic_context, "
+        "or auto (also the agent_hint and framework header schemas)",
     )
-    binding_only: bool = False
-    global_queue: bool = False
-    resume_order: ResumeOrder = ResumeOrder.MRU
-    cross_rank_headroom_ratio: float = 1.2
-    binding_strategy: BindingStrategy = BindingStrategy.CONSISTENT_HASH
-    hash_virtual_nodes: int = 160
+    binding_only: bool = Field(
+        default=False,
+        description="keep Program identity and the Program-to-Rank binding, but bypass RequestPool "
+        "admission, Progress-TTL pause and resume scheduling (isolates the effect of Program affinity)",
+    )
+    global_queue: bool = Field(
+        default=False,
+        description="a paused Program may resume on another Rank that passes the cross-Rank capacity gates "
+        "(its previous Rank is tried first); false: only on its bound Rank. Recommended: true",
+    )
+    resume_order: ResumeOrder = Field(
+        default=ResumeOrder.MRU,
+        description="order of Rank-local resume candidates within one force-resume, priority and "
+        "segment-yield tier; cross-Rank resume is always FCFS",
+    )
+    cross_rank_headroom_ratio: float = Field(
+        default=1.2,
+        description="a cross-Rank destination needs the source Rank's free capacity plus this multiple of "
+        "the Program's estimated context (no effect without global_queue)",
+        json_schema_extra=setting(minimum=1.0),
+    )
+    binding_strategy: BindingStrategy = Field(
+        default=BindingStrategy.CONSISTENT_HASH,
+        description="how a new Program generation picks its home Rank (not admission or resume)",
+    )
+    hash_virtual_nodes: int = Field(
+        default=160,
+        description="virtual nodes of consistent_hash binding (no effect on the other strategies)",
+        json_schema_extra=setting(minimum=1),
+    )
     token_capacity_per_dp_rank: int | None = Field(
         default=None,
         validation_alias=AliasChoices("token_capacity_per_dp_rank", "token_capacity_per_target"),
+        description="logical KV-token capacity of each DP Rank: enables token-based admission, growth "
+        "reserve, capacity repair and cross-Rank headroom checks; null: the Program-count guard only. "
+        "reasoning_token_balance needs it",
+        json_schema_extra=setting(minimum=1),
     )
-    max_active_programs_per_target: int = 64
-    metrics_interval_seconds: float = 1.0
-    admission_waiting_request_threshold: int = Field(default=1, ge=0)
-    queue_timeout_seconds: float = 600.0
-    force_resume_timeout_seconds: float = 300.0
-    paused_retention_ttl_seconds: float = 1800.0
-    shared_prefix_freshness_warmup_seconds: float = 100.0
-    shared_prefix_freshness_kv_turnovers: float = 2.0
-    decode_buffer_tokens: int = Field(default=100, ge=0)
-    max_acting_ttl_seconds: float = 10.0
+    max_active_programs_per_target: int = Field(
+        default=64,
+        description="Active Programs on one Rank at most: the capacity guard without token capacity, a count "
+        "guard with it; forced resume may override it",
+        json_schema_extra=setting(minimum=1),
+    )
+    metrics_interval_seconds: float = Field(
+        default=1.0,
+        description="backend metrics polling and periodic scheduling interval; also observation freshness "
+        "and the minimum residence of parts of cross-Rank resume",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    admission_waiting_request_threshold: int = Field(
+        default=1,
+        ge=0,
+        description="ordinary admission or resume to a Rank stops while its vLLM waiting-request count "
+        "reaches this (0: no waiting gate)",
+    )
+    queue_timeout_seconds: float = Field(
+        default=600.0,
+        description="longest a request may wait in the RequestPool (a request's deadline can shorten it)",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    force_resume_timeout_seconds: float = Field(
+        default=300.0,
+        description="fallback and upper bound of the workload-derived force-resume deadline that prevents "
+        "starvation; at most queue_timeout_seconds",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    paused_retention_ttl_seconds: float = Field(
+        default=1800.0,
+        description="an idle Paused Program generation is released after this long",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    shared_prefix_freshness_warmup_seconds: float = Field(
+        default=100.0,
+        description="lifetime of a shared-prefix observation before the rolling statistics are mature, and "
+        "when the dynamic estimate cannot be computed",
+        json_schema_extra=setting(minimum=0),
+    )
+    shared_prefix_freshness_kv_turnovers: float = Field(
+        default=2.0,
+        description="the mature shared-prefix freshness interval, in estimated whole-KV-pool turnovers",
+        json_schema_extra=setting(exclusive_minimum=0),
+    )
+    decode_buffer_tokens: int = Field(
+        default=100,
+        ge=0,
+        description="output-growth allowance added to a Program's private-token demand when the request "
+        "gives no expected_output_length",
+    )
+    max_acting_ttl_seconds: float = Field(
+        default=10.0,
+        description="cap of the acting TTL fitted from the interval window and the cache-miss impact (0 "
+        "until the window is complete; a request's kv_retention_ttl_seconds replaces it)",
+        json_schema_extra=setting(minimum=0),
+    )
     # Caps a request's kv_retention_ttl_seconds hint: an Acting Program keeps its tokens charged for the TTL,
     # so an unbounded hint (1e308) would pin capacity until the force-resume timeout frees the waiters.
-    max_kv_retention_ttl_seconds: float = 60.0
+    max_kv_retention_ttl_seconds: float = Field(
+        default=60.0,
+        description="cap of a request's kv_retention_ttl_seconds hint (an Acting Program keeps its tokens "
+        "charged for the TTL)",
+        json_schema_extra=setting(beyond="spec", minimum=0),
+    )
     # Requests waiting in the RequestPool, all Programs together; one more gets 429 + Retry-After. Each holds
     # its body (agent requests: ~0.1-1 MB), so 1,024 keeps a burst to about a gigabyte at worst.
-    max_pooled_requests: int = 1024
+    max_pooled_requests: int = Field(
+        default=1024,
+        description="requests waiting in the RequestPool, all Programs together; one more gets 429 with "
+        "Retry-After",
+        json_schema_extra=setting(beyond="spec", minimum=1),
+    )
     # Idle Paused Programs kept for resumption (each ~2 KB with its history); past it the one paused longest
     # ago is released first. Also how many released Programs' generation numbers are remembered.
-    max_paused_programs: int = 10_000
+    max_paused_programs: int = Field(
+        default=10_000,
+        description="idle Paused Programs kept for resumption (the one paused longest ago is released "
+        "first); also how many released Programs' generation numbers are remembered",
+        json_schema_extra=setting(beyond="spec", minimum=1),
+    )
     # Model pools (one per `model` value with Program traffic); a client can name any model, so past this
     # many a new name shares `program:all`. A fleet serves a few models and their LoRA adapters.
-    max_model_pools: int = 64
-    high_watermark_ratio: float = 1.0
-    low_watermark_ratio: float = 1.0
-    max_segment_rounds: int = 14
-    stats_window_size: int = 100
-    enable_batch_gain_admission: bool = True
-    prefill_cost_model: PrefillCostModel = Field(default_factory=PrefillCostModel)
-    decode_throughput_model: DecodeThroughputModel = Field(default_factory=DecodeThroughputModel)
+    max_model_pools: int = Field(
+        default=64,
+        description="model pools (one per model name with Program traffic); past it a new name shares "
+        "program:all",
+        json_schema_extra=setting(beyond="spec", minimum=1),
+    )
+    high_watermark_ratio: float = Field(
+        default=1.0,
+        description="share of token capacity past which capacity repair pauses reasoning Programs "
+        "(>= low_watermark_ratio)",
+        json_schema_extra=setting(exclusive_minimum=0, maximum=1.0),
+    )
+    low_watermark_ratio: float = Field(
+        default=1.0,
+        description="share of token capacity that admission and resume fill to, and capacity repair "
+        "empties to; lower leaves more free KV",
+        json_schema_extra=setting(exclusive_minimum=0, maximum=1.0),
+    )
+    max_segment_rounds: int = Field(
+        default=14,
+        description="cap of the protected continuous-service rounds; an idle Program past it yields under "
+        "local queue pressure, with one-shot lower resume priority",
+        json_schema_extra=setting(minimum=1),
+    )
+    stats_window_size: int = Field(
+        default=100,
+        description="samples needed before the growth and continuity estimates (and the automatic acting "
+        "TTL) are active; also the rolling windows' size",
+        json_schema_extra=setting(minimum=1),
+    )
+    enable_batch_gain_admission: bool = Field(
+        default=True,
+        description="modelled decode batch gain may bypass the continuous-growth reserve (never the "
+        "capacity or Program-count limits)",
+    )
+    prefill_cost_model: PrefillCostModel = Field(
+        default_factory=PrefillCostModel, description="cold-prefill cost model (calibrate it)"
+    )
+    decode_throughput_model: DecodeThroughputModel = Field(
+        default_factory=DecodeThroughputModel, description="decode throughput surface (calibrate it)"
+    )
     # Beyond the spec (docs/scheduler.md, "Improvements beyond the spec"); defaults keep the spec behaviour.
-    acting_ttl_policy: ActingTTLPolicy = ActingTTLPolicy.SPEC
-    weighed_ttl_max_seconds: float = 120.0  # the longest hold of the weighed TTL (nobody waiting)
-    weighed_ttl_check_seconds: float = 5.0  # how often a held Program's weighed TTL is decided again
-    cross_rank_gate: CrossRankGate = CrossRankGate.SPEC
+    acting_ttl_policy: ActingTTLPolicy = Field(
+        default=ActingTTLPolicy.SPEC,
+        description="spec: the fitted TTL capped at max_acting_ttl_seconds; weighed: idle seconds weighed "
+        "by the work waiting for the KV, decided again while held; fixed: every idle Active Program holds "
+        "for max_acting_ttl_seconds",
+        json_schema_extra=setting(beyond="spec"),
+    )
+    weighed_ttl_max_seconds: float = Field(
+        default=120.0,
+        description="the longest hold of the weighed TTL (nobody waiting)",
+        json_schema_extra=setting(beyond="spec", exclusive_minimum=0),
+    )
+    weighed_ttl_check_seconds: float = Field(
+        default=5.0,
+        description="how often a held Program's weighed TTL is decided again",
+        json_schema_extra=setting(beyond="spec", exclusive_minimum=0),
+    )
+    cross_rank_gate: CrossRankGate = Field(
+        default=CrossRankGate.SPEC,
+        description="spec: a cross-Rank move waits one metrics interval (and the capacity gates); "
+        "recompute_cost: also when the source's KV is probably gone or the wait exceeds the miss",
+        json_schema_extra=setting(beyond="spec"),
+    )
     # Program scheduling on exact residency (docs/kv_events.md): the router subscribes to each worker's vLLM
     # KV events (worker URL -> the endpoint of its --kv-events-config, Rank r on port + r; a replay endpoint
     # per worker optional) and lets what each Rank really holds end an evicted Program's acting TTL, keep a
     # resident Program on its Rank, and bind to the Rank holding a prompt's prefix. Off until measured. With
     # --policy kv_aware it reads the policy's index and sources instead (leave kv_event_sources empty).
-    residency_aware: bool = False
-    kv_event_sources: dict[str, str] = Field(default_factory=dict)
-    kv_event_replay_sources: dict[str, str] = Field(default_factory=dict)
-    kv_event_block_size: int = Field(default=16, ge=1)
+    residency_aware: bool = Field(
+        default=False,
+        description="schedule on exact KV residency from the workers' vLLM KV events: an evicted Program's "
+        "acting TTL ends, a resident Program stays, a prompt binds to the Rank holding its prefix (with "
+        "--policy kv_aware: the policy's index and sources)",
+        json_schema_extra=setting(beyond="spec"),
+    )
+    kv_event_sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker URL -> the ZMQ endpoint of its --kv-events-config (Rank r on port + r)",
+        json_schema_extra=setting(beyond="spec"),
+    )
+    kv_event_replay_sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker URL -> its KV events replay endpoint (optional, per kv_event_sources entry)",
+        json_schema_extra=setting(beyond="spec"),
+    )
+    kv_event_block_size: int = Field(
+        default=16,
+        ge=1,
+        description="the workers' KV block size (tokens), for residency_aware",
+        json_schema_extra=setting(beyond="spec"),
+    )
     # Beyond the spec (docs/scheduler.md): a Rank whose statistics windows are incomplete fits its acting
     # TTL to every Rank's samples together, and may take part in cross-Rank moves once those fill one window.
-    stats_warmup: StatsWarmup = StatsWarmup.SPEC
+    stats_warmup: StatsWarmup = Field(
+        default=StatsWarmup.SPEC,
+        description="spec: a Rank's TTL and cross-Rank moves wait for its own complete windows; pool: until "
+        "then, every Rank's samples together stand in once they fill one window",
+        json_schema_extra=setting(beyond="spec"),
+    )
 
     @field_validator(
         "weighed_ttl_max_seconds",
@@ -369,94 +607,244 @@ class RouterConfig(_Strict):
     """
 
     # Workers and listening
-    worker_urls: list[str] = Field(default_factory=list)
-    host: str = "127.0.0.1"
-    port: int = Field(default=30000, ge=0, le=65535)
-    intra_node_data_parallel_size: int = Field(default=1, ge=1)
-    api_key: str | None = None
-    model_name: str | None = None
-    worker_startup_timeout_secs: float = Field(default=600.0, gt=0)
-    worker_startup_check_interval: float = Field(default=30.0, gt=0)
-    max_payload_size: int = Field(default=512 * 1024 * 1024, gt=0)
-    request_timeout_secs: float = Field(default=1800.0, gt=0)
+    worker_urls: list[str] = Field(
+        default_factory=list, description="vLLM server URLs; more can be added at runtime (POST /add_worker)"
+    )
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=30000, ge=0, le=65535, description="port to listen on (0: any free port)")
+    intra_node_data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="DP Ranks per worker URL; Rank r is addressed with the header X-data-parallel-rank: r",
+    )
+    api_key: str | None = Field(default=None, description="sent to workers as Authorization: Bearer <key>")
+    model_name: str | None = Field(
+        default=None,
+        description="upstream's RouterArgs field, accepted so its config files load; not used",
+        json_schema_extra=setting(no_flag=True),
+    )
+    worker_startup_timeout_secs: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long serve (and POST /add_worker) waits for a worker to answer its health endpoint",
+    )
+    worker_startup_check_interval: float = Field(
+        default=30.0, gt=0, description="seconds between those startup checks"
+    )
+    max_payload_size: int = Field(
+        default=512 * 1024 * 1024, gt=0, description="largest request body in bytes"
+    )
+    request_timeout_secs: float = Field(default=1800.0, gt=0, description="bound on one request to a worker")
 
     # Native request-level policy
-    policy: Policy = Policy.CACHE_AWARE
-    cache_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
-    balance_abs_threshold: int = Field(default=64, ge=0)
-    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
-    eviction_interval_secs: float = Field(default=120.0, gt=0)
-    max_tree_size: int = Field(default=2**25, gt=0)
+    policy: Policy = Field(
+        default=Policy.CACHE_AWARE, description="native routing policy for requests without Program identity"
+    )
+    cache_threshold: float = Field(
+        default=0.3, ge=0.0, le=1.0, description="cache_aware: minimum prefix match ratio (0.0-1.0)"
+    )
+    balance_abs_threshold: int = Field(
+        default=64, ge=0, description="cache_aware balances load when (max - min) > abs AND max > min * rel"
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1.0, description="cache_aware: see --balance-abs-threshold"
+    )
+    eviction_interval_secs: float = Field(
+        default=120.0, gt=0, description="cache_aware: seconds between prefix-tree evictions"
+    )
+    max_tree_size: int = Field(
+        default=2**25, gt=0, description="cache_aware: characters kept per worker, enforced at eviction"
+    )
 
     # kv_aware: route on the Ranks' vLLM KV events (docs/kv_events.md)
-    router_temperature: float = Field(default=0.0, ge=0.0)
-    kv_penalty_host: float = Field(default=0.8, ge=0.0, le=1.0)
-    kv_penalty_external: float = Field(default=0.6, ge=0.0, le=1.0)
-    kv_penalty_disk: float = Field(default=0.3, ge=0.0, le=1.0)
-    kv_aware_session_affinity_ttl_secs: int | None = Field(default=None, ge=1, le=31_536_000)
-    kv_event_source: list[str] = Field(default_factory=list)
-    kv_event_replay_source: list[str] = Field(default_factory=list)
-    kv_event_block_size: int = Field(default=16, gt=0)
-    kv_event_model: str | None = None
+    router_temperature: float = Field(
+        default=0.0, ge=0.0, description="kv_aware: softmax temperature (0 selects minimum cost)"
+    )
+    kv_penalty_host: float = Field(
+        default=0.8, ge=0.0, le=1.0, description="kv_aware: host-tier KV transfer credit (0.0-1.0)"
+    )
+    kv_penalty_external: float = Field(
+        default=0.6, ge=0.0, le=1.0, description="kv_aware: external-tier KV transfer credit (0.0-1.0)"
+    )
+    kv_penalty_disk: float = Field(
+        default=0.3, ge=0.0, le=1.0, description="kv_aware: disk-tier KV transfer credit (0.0-1.0)"
+    )
+    kv_aware_session_affinity_ttl_secs: int | None = Field(
+        default=None,
+        ge=1,
+        le=31_536_000,
+        description="kv_aware: session affinity idle TTL (1-31536000)",
+    )
+    kv_event_source: list[str] = Field(
+        default_factory=list,
+        description="kv_aware: static ZMQ KV event source, one endpoint per DP Rank; repeat per worker",
+        json_schema_extra=setting(action="append", metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]"),
+    )
+    kv_event_replay_source: list[str] = Field(
+        default_factory=list,
+        description="kv_aware: ZMQ replay endpoints matching a worker's event source",
+        json_schema_extra=setting(action="append", metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]"),
+    )
+    kv_event_block_size: int = Field(
+        default=16, gt=0, description="kv_aware: KV block size of static event sources"
+    )
+    kv_event_model: str | None = Field(
+        default=None, description="kv_aware: shared model identity of static event sources"
+    )
     # progrouter's own: the model's tokenizer files, so kv_aware can match text and chat prompts by token
-    tokenizer: str | None = None
+    tokenizer: str | None = Field(
+        default=None,
+        description="kv_aware (progrouter's own): the model's tokenizer files (a directory with "
+        "tokenizer.json, tokenizer_config.json), so text and chat prompts are matched by token; unset: by "
+        "characters",
+        json_schema_extra=setting(beyond="upstream"),
+    )
 
     # Retries: ``retry_max_retries`` counts attempts in all, as upstream (1 = no retry)
-    retry_max_retries: int = Field(default=5, ge=0)
-    retry_initial_backoff_ms: int = Field(default=50, ge=0)
-    retry_max_backoff_ms: int = Field(default=30_000, ge=0)
-    retry_backoff_multiplier: float = Field(default=1.5, ge=1.0)
-    retry_jitter_factor: float = Field(default=0.2, ge=0.0, le=1.0)
-    disable_retries: bool = False
+    retry_max_retries: int = Field(default=5, ge=0, description="attempts per request in all (1: no retry)")
+    retry_initial_backoff_ms: int = Field(default=50, ge=0, description="backoff before the first retry")
+    retry_max_backoff_ms: int = Field(default=30_000, ge=0, description="largest backoff between retries")
+    retry_backoff_multiplier: float = Field(default=1.5, ge=1.0, description="backoff growth per retry")
+    retry_jitter_factor: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="random share of each backoff (0.0-1.0)"
+    )
+    disable_retries: bool = Field(default=False, description="no retries (same as --retry-max-retries 1)")
 
     # Circuit breaker per worker
-    cb_failure_threshold: int = Field(default=10, ge=1)
-    cb_success_threshold: int = Field(default=3, ge=1)
-    cb_timeout_duration_secs: float = Field(default=60.0, gt=0)
-    cb_window_duration_secs: float = Field(default=120.0, gt=0)
-    disable_circuit_breaker: bool = False
+    cb_failure_threshold: int = Field(
+        default=10, ge=1, description="failures within the window that open a worker's circuit"
+    )
+    cb_success_threshold: int = Field(default=3, ge=1, description="half-open successes that close it again")
+    cb_timeout_duration_secs: float = Field(
+        default=60.0, gt=0, description="how long an open circuit stays open"
+    )
+    cb_window_duration_secs: float = Field(
+        default=120.0, gt=0, description="window the failures are counted in"
+    )
+    disable_circuit_breaker: bool = Field(default=False, description="no circuit breaker")
 
     # Health checks
-    health_check_interval_secs: float = Field(default=60.0, gt=0)
-    health_check_timeout_secs: float = Field(default=5.0, gt=0)
-    health_check_endpoint: str = "/health"
-    health_failure_threshold: int = Field(default=3, ge=1)
-    health_success_threshold: int = Field(default=2, ge=1)
+    health_check_interval_secs: float = Field(default=60.0, gt=0, description="seconds between health checks")
+    health_check_timeout_secs: float = Field(default=5.0, gt=0, description="timeout of one health check")
+    health_check_endpoint: str = Field(default="/health", description="worker path probed by health checks")
+    health_failure_threshold: int = Field(
+        default=3, ge=1, description="consecutive failed checks that mark a worker unhealthy"
+    )
+    health_success_threshold: int = Field(
+        default=2, ge=1, description="consecutive passed checks that mark it healthy again"
+    )
 
     # Inbound limits
-    max_concurrent_requests: int = Field(default=32768, ge=1)
-    queue_size: int = Field(default=100, ge=0)
-    queue_timeout_secs: float = Field(default=60.0, gt=0)
-    rate_limit_tokens_per_second: int | None = Field(default=None, ge=1)
+    max_concurrent_requests: int = Field(default=32768, ge=1, description="requests served at once")
+    queue_size: int = Field(
+        default=100, ge=0, description="requests waiting for a slot (0: none, answer 429 at once)"
+    )
+    queue_timeout_secs: float = Field(default=60.0, gt=0, description="longest wait in that queue")
+    rate_limit_tokens_per_second: int | None = Field(
+        default=None, ge=1, description="token bucket refill rate (unset: max-concurrent-requests)"
+    )
 
     # Requests, CORS, shutdown
-    request_id_headers: list[str] | None = None
-    cors_allowed_origins: list[str] = Field(default_factory=list)
-    drain_timeout_secs: float = Field(default=30.0, ge=0)
+    request_id_headers: list[str] | None = Field(
+        default=None, description="headers read for the request id, first present wins"
+    )
+    cors_allowed_origins: list[str] = Field(default_factory=list, description="origins answered by CORS")
+    drain_timeout_secs: float = Field(
+        default=30.0,
+        ge=0,
+        description="progrouter's own: on SIGTERM, how long in-flight requests may take to finish",
+        json_schema_extra=setting(beyond="upstream"),
+    )
 
     # Observability
-    prometheus_host: str = "127.0.0.1"
-    prometheus_port: int | None = Field(default=29000, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
-    log_dir: str | None = None
-    log_format: Literal["text", "json"] = "text"
+    prometheus_host: str = Field(
+        default="127.0.0.1", description="address of the Prometheus /metrics listener"
+    )
+    prometheus_port: int | None = Field(
+        default=29000,
+        ge=0,
+        le=65535,
+        description="port of the Prometheus /metrics listener (0: any free port; 'off': no listener)",
+        json_schema_extra=setting(text_flag=True),
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        default="info", description="log level"
+    )
+    log_dir: str | None = Field(
+        default=None, description="also write a rotating log file (progrouter.log) in this directory"
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text, or json: one object per line",
+        json_schema_extra=setting(beyond="upstream"),
+    )
     # Where GET /dashboard is served: the router's listener, the Prometheus listener, or nowhere.
-    dashboard: Literal["router", "prometheus", "off"] = "router"
-    otlp_traces_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces
+    dashboard: Literal["router", "prometheus", "off"] = Field(
+        default="router",
+        description="where GET /dashboard is served",
+        json_schema_extra=setting(beyond="upstream"),
+    )
+    otlp_traces_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry OTLP/HTTP traces URL (needs progrouter[otel])",
+        json_schema_extra=setting(metavar="URL", beyond="upstream"),
+    )  # e.g. http://collector:4318/v1/traces
 
-    program_scheduling: ProgramSchedulingConfig | None = None
+    program_scheduling: ProgramSchedulingConfig | None = Field(
+        default=None,
+        description="Program scheduling settings (the keys below); null: off. On the command line: "
+        "--enable-program-scheduling and --program-scheduling-config-json",
+        json_schema_extra=setting(no_flag=True),
+    )
 
     # The client edge (progrouter's own; see docs/router.md "Security"): who may call, and how long a client
     # may take to send a request. No keys configured means an open router, as upstream.
-    client_api_keys: list[str] = Field(default_factory=list)
-    client_api_keys_file: str | None = None
-    admin_api_key: str | None = None
-    client_header_timeout_secs: float = Field(default=30.0, gt=0)
-    client_body_timeout_secs: float = Field(default=300.0, gt=0)
-    client_keepalive_timeout_secs: float = Field(default=75.0, gt=0)
-    max_client_connections: int = Field(default=8192, ge=1)
+    client_api_keys: list[str] = Field(
+        default_factory=list,
+        description="a bearer token clients must send (repeatable); none: an open router, as upstream",
+        json_schema_extra=setting(flag="--client-api-key", action="append", metavar="KEY", beyond="upstream"),
+    )
+    client_api_keys_file: str | None = Field(
+        default=None,
+        description="client keys, one per line (# comments)",
+        json_schema_extra=setting(metavar="PATH", beyond="upstream"),
+    )
+    admin_api_key: str | None = Field(
+        default=None,
+        description="the key for admin routes (unset: any client key)",
+        json_schema_extra=setting(metavar="KEY", beyond="upstream"),
+    )
+    client_header_timeout_secs: float = Field(
+        default=30.0,
+        gt=0,
+        description="408 when a client's request headers take longer",
+        json_schema_extra=setting(beyond="upstream"),
+    )
+    client_body_timeout_secs: float = Field(
+        default=300.0,
+        gt=0,
+        description="408 when a client's request body takes longer",
+        json_schema_extra=setting(beyond="upstream"),
+    )
+    client_keepalive_timeout_secs: float = Field(
+        default=75.0,
+        gt=0,
+        description="idle client connections are closed after it",
+        json_schema_extra=setting(beyond="upstream"),
+    )
+    max_client_connections: int = Field(
+        default=8192,
+        ge=1,
+        description="client connections at once; 503 past it",
+        json_schema_extra=setting(beyond="upstream"),
+    )
     # The hot proxied routes served below aiohttp's web layer (docs/performance.md "Front door").
-    front_door: bool = True
+    front_door: bool = Field(
+        default=True,
+        description="serve the hot proxied routes below aiohttp's web layer; off (--no-front-door): every "
+        "route through aiohttp's web layer",
+        json_schema_extra=setting(flag="--no-front-door", action="store_false", beyond="upstream"),
+    )
 
     @field_validator("client_api_keys", "admin_api_key")
     @classmethod

@@ -2,8 +2,9 @@
 
 Every regular-mode flag of the wheel is accepted with its name and default. Flags of features progrouter
 does not have (PD disaggregation, WASM middleware, IGW, Kubernetes discovery) are parsed too, so that using
-one ends startup with a single line that names it instead of an argparse usage dump. Flags are parsed with
-no argparse defaults: what was not typed comes from the environment, the config file or ``RouterConfig``.
+one ends startup with a single line that names it instead of an argparse usage dump. The settings' flags are
+generated from ``RouterConfig`` (``progrouter.config_cli``) and parsed with no argparse defaults: what was
+not typed comes from the environment, the config file or ``RouterConfig``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from collections.abc import Callable, Coroutine
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from progrouter.config import ConfigError, Policy, ProgramSchedulingConfig, RouterConfig
+from pydantic import BaseModel, Field
+
+from progrouter.config import ConfigError, ProgramSchedulingConfig, RouterConfig, setting
+from progrouter.config_cli import add_model_arguments
 from progrouter.server.settings import ENV_PREFIX, load_router_config
 
 log = logging.getLogger("progrouter.router")
-_DEFAULTS = RouterConfig()
-_POLICIES = [p.value for p in Policy]
-_LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
 PD_FLAGS = (
     "--vllm-pd-disaggregation",
@@ -49,44 +50,21 @@ UNSUPPORTED_FLAGS = {
 }
 
 
-# The policies' knobs: (flag, help, value type); the dest and the default shown come from RouterConfig.
-POLICY_FLAGS: tuple[tuple[str, str, type], ...] = (
-    ("--cache-threshold", "cache_aware: minimum prefix match ratio (0.0-1.0)", float),
-    ("--balance-abs-threshold", "cache_aware balances load when (max - min) > abs AND max > min * rel", int),
-    ("--balance-rel-threshold", "cache_aware: see --balance-abs-threshold", float),
-    ("--eviction-interval-secs", "cache_aware: seconds between prefix-tree evictions", float),
-    ("--max-tree-size", "cache_aware: characters kept per worker, enforced at eviction", int),
-    ("--router-temperature", "kv_aware: softmax temperature (0 selects minimum cost)", float),
-    ("--kv-penalty-host", "kv_aware: host-tier KV transfer credit (0.0-1.0)", float),
-    ("--kv-penalty-external", "kv_aware: external-tier KV transfer credit (0.0-1.0)", float),
-    ("--kv-penalty-disk", "kv_aware: disk-tier KV transfer credit (0.0-1.0)", float),
-    ("--kv-aware-session-affinity-ttl-secs", "kv_aware: session affinity idle TTL (1-31536000)", int),
-    ("--kv-event-block-size", "kv_aware: KV block size of static event sources", int),
-    ("--kv-event-model", "kv_aware: shared model identity of static event sources", str),
-    (
-        "--tokenizer",
-        "kv_aware (progrouter's own): the model's tokenizer files (a directory with tokenizer.json, "
-        "tokenizer_config.json), so text and chat prompts are matched by token; unset: by characters",
-        str,
-    ),
-)
-KV_EVENT_SOURCE_FLAGS = (
-    (
-        "--kv-event-source",
-        "kv_aware: static ZMQ KV event source, one endpoint per DP Rank; repeat per worker",
-    ),
-    ("--kv-event-replay-source", "kv_aware: ZMQ replay endpoints matching a worker's event source"),
-)
+class ProgramSchedulingFlags(BaseModel):
+    """Upstream's two command-line inputs of Program scheduling: the switch and the JSON it enables.
 
+    ``ProgramSchedulingConfig.resolve`` turns them into ``RouterConfig.program_scheduling``; a config file
+    or the environment sets that field directly.
+    """
 
-def _default_text(value: Any) -> str:
-    if value is None:
-        return "None"
-    if hasattr(value, "value"):
-        return str(value.value)
-    if isinstance(value, float):
-        return f"{value:g}"  # 600, not 600.0: as upstream's help shows it
-    return str(value).replace("%", "%%")
+    enable_program_scheduling: bool = Field(
+        default=False, description="schedule requests that carry Program metadata"
+    )
+    program_scheduling_config_json: str | None = Field(
+        default=None,
+        description="JSON object of Program scheduling settings (needs --enable-program-scheduling)",
+        json_schema_extra=setting(metavar="JSON"),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,25 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Route requests across vLLM workers; the command line of vllm-router 0.1.17 (regular mode).\n"
         f"Any setting can also come from --config FILE or a {ENV_PREFIX}<SETTING> environment variable;\n"
-        "flags win over the environment, which wins over the file."
+        "flags win over the environment, which wins over the file (docs/reference/settings.md)."
     )
-
-    def a(flag: str, help_text: str, **kw: Any) -> None:
-        """A settings flag: no argparse default (absent means 'not given'); the help shows the real one."""
-        dest = flag.removeprefix("--").replace("-", "_")
-        dest = kw.pop("dest", dest)
-        default = kw.pop("shown_default", getattr(_DEFAULTS, dest, None))
-        parser.add_argument(
-            flag,
-            dest=dest,
-            default=argparse.SUPPRESS,
-            help=f"{help_text} (default: {_default_text(default)})",
-            **kw,
-        )
-
-    def flag(name: str, help_text: str) -> None:
-        a(name, help_text, action="store_true", shown_default=False)
-
     parser.add_argument(
         "--version", action="version", version=f"progrouter {_package_version()} (vllm-router 0.1.17 CLI)"
     )
@@ -123,102 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML or JSON file of settings (keys are the flags' names with underscores); unknown keys "
         "are errors",
     )
-    # Workers and listening
-    a("--host", "address to listen on")
-    a("--port", "port to listen on (0: any free port)", type=int)
-    a("--worker-urls", "vLLM server URLs; more can be added at runtime (POST /add_worker)", nargs="*")
-    a(
-        "--intra-node-data-parallel-size",
-        "DP Ranks per worker URL; Rank r is addressed with the header X-data-parallel-rank: r",
-        type=int,
-    )
-    a("--api-key", "sent to workers as Authorization: Bearer <key>")
-    a(
-        "--worker-startup-timeout-secs",
-        "how long serve (and POST /add_worker) waits for a worker to answer its health endpoint",
-        type=float,
-    )
-    a("--worker-startup-check-interval", "seconds between those startup checks", type=float)
-    a("--max-payload-size", "largest request body in bytes", type=int)
-    a("--request-timeout-secs", "bound on one request to a worker", type=float)
-    # Policy
-    a("--policy", "native routing policy for requests without Program identity", choices=_POLICIES)
-    for name, help_text, kind in POLICY_FLAGS:
-        a(name, help_text, type=kind)
-    for name, help_text in KV_EVENT_SOURCE_FLAGS:
-        a(name, help_text, action="append", metavar="WORKER_URL=ENDPOINT[,ENDPOINT...]")
-    # Retries and circuit breaker
-    a("--retry-max-retries", "attempts per request in all (1: no retry)", type=int)
-    a("--retry-initial-backoff-ms", "backoff before the first retry", type=int)
-    a("--retry-max-backoff-ms", "largest backoff between retries", type=int)
-    a("--retry-backoff-multiplier", "backoff growth per retry", type=float)
-    a("--retry-jitter-factor", "random share of each backoff (0.0-1.0)", type=float)
-    flag("--disable-retries", "no retries (same as --retry-max-retries 1)")
-    a("--cb-failure-threshold", "failures within the window that open a worker's circuit", type=int)
-    a("--cb-success-threshold", "half-open successes that close it again", type=int)
-    a("--cb-timeout-duration-secs", "how long an open circuit stays open", type=float)
-    a("--cb-window-duration-secs", "window the failures are counted in", type=float)
-    flag("--disable-circuit-breaker", "no circuit breaker")
-    # Health checks
-    a("--health-failure-threshold", "consecutive failed checks that mark a worker unhealthy", type=int)
-    a("--health-success-threshold", "consecutive passed checks that mark it healthy again", type=int)
-    a("--health-check-timeout-secs", "timeout of one health check", type=float)
-    a("--health-check-interval-secs", "seconds between health checks", type=float)
-    a("--health-check-endpoint", "worker path probed by health checks")
-    # Inbound limits
-    a("--max-concurrent-requests", "requests served at once", type=int)
-    a("--queue-size", "requests waiting for a slot (0: none, answer 429 at once)", type=int)
-    a("--queue-timeout-secs", "longest wait in that queue", type=float)
-    a("--rate-limit-tokens-per-second", "token bucket refill rate (unset: max-concurrent-requests)", type=int)
-    # Requests, CORS, shutdown
-    a("--request-id-headers", "headers read for the request id, first present wins", nargs="*")
-    a("--cors-allowed-origins", "origins answered by CORS", nargs="*")
-    a(
-        "--drain-timeout-secs",
-        "progrouter's own: on SIGTERM, how long in-flight requests may take to finish",
-        type=float,
-    )
-    # Observability
-    a("--prometheus-host", "address of the Prometheus /metrics listener")
-    a(
-        "--prometheus-port",
-        "port of the Prometheus /metrics listener (0: any free port; 'off': no listener)",
-    )
-    a("--log-level", "log level", choices=_LOG_LEVELS)
-    a("--log-dir", "also write a rotating log file (progrouter.log) in this directory")
-    # Operators' views, progrouter's own (docs/dashboard.md)
-    a("--log-format", "text, or json: one object per line", choices=["text", "json"])
-    a("--dashboard", "where GET /dashboard is served", choices=["router", "prometheus", "off"])
-    a("--otlp-traces-endpoint", "OpenTelemetry OTLP/HTTP traces URL (needs progrouter[otel])", metavar="URL")
-    # Program scheduling
-    flag("--enable-program-scheduling", "schedule requests that carry Program metadata")
-    a(
-        "--program-scheduling-config-json",
-        "JSON object of Program scheduling settings (needs --enable-program-scheduling)",
-        metavar="JSON",
-        shown_default=None,
-    )
-    # The client edge, progrouter's own (docs/router.md "Security")
-    a(
-        "--client-api-key",
-        "a bearer token clients must send (repeatable); none: an open router, as upstream",
-        dest="client_api_keys",
-        action="append",
-        metavar="KEY",
-    )
-    a("--client-api-keys-file", "client keys, one per line (# comments)", metavar="PATH")
-    a("--admin-api-key", "the key for admin routes (unset: any client key)", metavar="KEY")
-    a("--client-header-timeout-secs", "408 when a client's request headers take longer", type=float)
-    a("--client-body-timeout-secs", "408 when a client's request body takes longer", type=float)
-    a("--client-keepalive-timeout-secs", "idle client connections are closed after it", type=float)
-    a("--max-client-connections", "client connections at once; 503 past it", type=int)
-    a(
-        "--no-front-door",
-        "serve every route through aiohttp's web layer (the front door serves the hot proxied routes)",
-        dest="front_door",
-        action="store_false",
-        shown_default=True,
-    )
+    add_model_arguments(parser, RouterConfig)
+    add_model_arguments(parser, ProgramSchedulingFlags)
     # Not supported: parsed so that the error is one line naming the flag
     refused = parser.add_argument_group("vllm-router flags progrouter refuses (startup ends naming the flag)")
     for name in PD_FLAGS:
