@@ -44,6 +44,7 @@ def setting(
     minimum: float | None = None,
     exclusive_minimum: float | None = None,
     maximum: float | None = None,
+    group: str | None = None,
 ) -> JsonDict:
     """What a field declares beyond its type, default and description (``json_schema_extra``).
 
@@ -51,8 +52,9 @@ def setting(
     are generated from the fields, so a setting is declared once: ``flag`` where it is not
     ``--<field-name>``, ``action`` for a repeatable or negative flag, ``text_flag`` when the model, not
     argparse, converts the text (``--prometheus-port off``), ``no_flag`` for settings of the file and
-    environment only, ``beyond`` what the spec or upstream has, and bounds that a validator (not a
-    ``Field`` constraint) enforces, as JSON-schema keywords.
+    environment only, ``beyond`` what the spec or upstream has, bounds that a validator (not a ``Field``
+    constraint) enforces, as JSON-schema keywords, and the ``group`` (of ``--help`` and the reference)
+    that this field opens; the fields after it belong to it until the next one opens another.
     """
     extra: JsonDict = {}
     for key, value in (
@@ -63,6 +65,7 @@ def setting(
         ("minimum", minimum),
         ("exclusiveMinimum", exclusive_minimum),
         ("maximum", maximum),
+        ("x-group", group),
     ):
         if value is not None:
             extra[key] = value
@@ -608,7 +611,9 @@ class RouterConfig(_Strict):
 
     # Workers and listening
     worker_urls: list[str] = Field(
-        default_factory=list, description="vLLM server URLs; more can be added at runtime (POST /add_worker)"
+        default_factory=list,
+        description="vLLM server URLs; more can be added at runtime (POST /add_worker)",
+        json_schema_extra=setting(group="Workers and listening"),
     )
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=30000, ge=0, le=65535, description="port to listen on (0: any free port)")
@@ -638,7 +643,9 @@ class RouterConfig(_Strict):
 
     # Native request-level policy
     policy: Policy = Field(
-        default=Policy.CACHE_AWARE, description="native routing policy for requests without Program identity"
+        default=Policy.CACHE_AWARE,
+        description="native routing policy for requests without Program identity",
+        json_schema_extra=setting(group="Routing policy"),
     )
     cache_threshold: float = Field(
         default=0.3, ge=0.0, le=1.0, description="cache_aware: minimum prefix match ratio (0.0-1.0)"
@@ -658,7 +665,10 @@ class RouterConfig(_Strict):
 
     # kv_aware: route on the Ranks' vLLM KV events (docs/kv_events.md)
     router_temperature: float = Field(
-        default=0.0, ge=0.0, description="kv_aware: softmax temperature (0 selects minimum cost)"
+        default=0.0,
+        ge=0.0,
+        description="kv_aware: softmax temperature (0 selects minimum cost)",
+        json_schema_extra=setting(group="kv_aware policy"),
     )
     kv_penalty_host: float = Field(
         default=0.8, ge=0.0, le=1.0, description="kv_aware: host-tier KV transfer credit (0.0-1.0)"
@@ -701,7 +711,12 @@ class RouterConfig(_Strict):
     )
 
     # Retries: ``retry_max_retries`` counts attempts in all, as upstream (1 = no retry)
-    retry_max_retries: int = Field(default=5, ge=0, description="attempts per request in all (1: no retry)")
+    retry_max_retries: int = Field(
+        default=5,
+        ge=0,
+        description="attempts per request in all (1: no retry)",
+        json_schema_extra=setting(group="Retries"),
+    )
     retry_initial_backoff_ms: int = Field(default=50, ge=0, description="backoff before the first retry")
     retry_max_backoff_ms: int = Field(default=30_000, ge=0, description="largest backoff between retries")
     retry_backoff_multiplier: float = Field(default=1.5, ge=1.0, description="backoff growth per retry")
@@ -712,7 +727,10 @@ class RouterConfig(_Strict):
 
     # Circuit breaker per worker
     cb_failure_threshold: int = Field(
-        default=10, ge=1, description="failures within the window that open a worker's circuit"
+        default=10,
+        ge=1,
+        description="failures within the window that open a worker's circuit",
+        json_schema_extra=setting(group="Circuit breaker"),
     )
     cb_success_threshold: int = Field(default=3, ge=1, description="half-open successes that close it again")
     cb_timeout_duration_secs: float = Field(
@@ -724,7 +742,12 @@ class RouterConfig(_Strict):
     disable_circuit_breaker: bool = Field(default=False, description="no circuit breaker")
 
     # Health checks
-    health_check_interval_secs: float = Field(default=60.0, gt=0, description="seconds between health checks")
+    health_check_interval_secs: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds between health checks",
+        json_schema_extra=setting(group="Health checks"),
+    )
     health_check_timeout_secs: float = Field(default=5.0, gt=0, description="timeout of one health check")
     health_check_endpoint: str = Field(default="/health", description="worker path probed by health checks")
     health_failure_threshold: int = Field(
@@ -735,7 +758,12 @@ class RouterConfig(_Strict):
     )
 
     # Inbound limits
-    max_concurrent_requests: int = Field(default=32768, ge=1, description="requests served at once")
+    max_concurrent_requests: int = Field(
+        default=32768,
+        ge=1,
+        description="requests served at once",
+        json_schema_extra=setting(group="Inbound limits"),
+    )
     queue_size: int = Field(
         default=100, ge=0, description="requests waiting for a slot (0: none, answer 429 at once)"
     )
@@ -746,7 +774,9 @@ class RouterConfig(_Strict):
 
     # Requests, CORS, shutdown
     request_id_headers: list[str] | None = Field(
-        default=None, description="headers read for the request id, first present wins"
+        default=None,
+        description="headers read for the request id, first present wins",
+        json_schema_extra=setting(group="Requests, CORS, shutdown"),
     )
     cors_allowed_origins: list[str] = Field(default_factory=list, description="origins answered by CORS")
     drain_timeout_secs: float = Field(
@@ -758,7 +788,9 @@ class RouterConfig(_Strict):
 
     # Observability
     prometheus_host: str = Field(
-        default="127.0.0.1", description="address of the Prometheus /metrics listener"
+        default="127.0.0.1",
+        description="address of the Prometheus /metrics listener",
+        json_schema_extra=setting(group="Observability"),
     )
     prometheus_port: int | None = Field(
         default=29000,
@@ -794,7 +826,7 @@ class RouterConfig(_Strict):
         default=None,
         description="Program scheduling settings (the keys below); null: off. On the command line: "
         "--enable-program-scheduling and --program-scheduling-config-json",
-        json_schema_extra=setting(no_flag=True),
+        json_schema_extra=setting(group="Program scheduling", no_flag=True),
     )
 
     # The client edge (progrouter's own; see docs/router.md "Security"): who may call, and how long a client
@@ -802,7 +834,9 @@ class RouterConfig(_Strict):
     client_api_keys: list[str] = Field(
         default_factory=list,
         description="a bearer token clients must send (repeatable); none: an open router, as upstream",
-        json_schema_extra=setting(flag="--client-api-key", action="append", metavar="KEY", beyond="upstream"),
+        json_schema_extra=setting(
+            group="Client edge", flag="--client-api-key", action="append", metavar="KEY", beyond="upstream"
+        ),
     )
     client_api_keys_file: str | None = Field(
         default=None,

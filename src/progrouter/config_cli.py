@@ -100,11 +100,22 @@ def argument_options(model: type[BaseModel], name: str, field: FieldInfo) -> dic
     return options
 
 
-def add_model_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, model: type[BaseModel]
-) -> None:
-    """One flag per field of ``model`` that has one, in field order."""
+def groups(model: type[BaseModel]) -> list[tuple[str | None, list[tuple[str, FieldInfo]]]]:
+    """The fields of ``model`` in order, grouped: a field that declares a ``group`` opens it, the fields
+    after it belong to it until the next one opens another (None: the fields before the first)."""
+    out: list[tuple[str | None, list[tuple[str, FieldInfo]]]] = [(None, [])]
     for name, field in model.model_fields.items():
-        flag = flag_name(name, field)
-        if flag is not None:
-            parser.add_argument(flag, **argument_options(model, name, field))
+        if "x-group" in (meta := extra(field)):
+            out.append((str(meta["x-group"]), []))
+        out[-1][1].append((name, field))
+    return [(title, fields) for title, fields in out if fields]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field of ``model`` that has one, in field order and in its field's group."""
+    for title, fields in groups(model):
+        target = parser if title is None else parser.add_argument_group(title)
+        for name, field in fields:
+            flag = flag_name(name, field)
+            if flag is not None:
+                target.add_argument(flag, **argument_options(model, name, field))

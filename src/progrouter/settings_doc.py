@@ -19,7 +19,15 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
-from progrouter.config_cli import argument_options, choices, default_value, extra, flag_name, value_type
+from progrouter.config_cli import (
+    argument_options,
+    choices,
+    default_value,
+    extra,
+    flag_name,
+    groups,
+    value_type,
+)
 from progrouter.server.cli import ProgramSchedulingFlags
 from progrouter.server.settings import ENV_PREFIX
 
@@ -51,10 +59,11 @@ disaggregation, WASM middleware, IGW, Kubernetes discovery) end startup with one
 
 PROGRAM_INTRO = f"""## Program scheduling keys
 
-Program scheduling is off unless `--enable-program-scheduling` is given; then these keys, in the JSON object
-of `--program-scheduling-config-json` or under `program_scheduling:` in the config file (or as JSON in
-`{ENV_PREFIX}PROGRAM_SCHEDULING`; either of those two enables it too), override the defaults. Omitted keys
-take their defaults, unknown keys are an error that names them, and numbers must be finite.
+Program scheduling is off unless one of these turns it on: `--enable-program-scheduling` (the keys then go
+in the JSON object of `--program-scheduling-config-json`), a `program_scheduling:` mapping of the keys in the
+config file, or that mapping as JSON in `{ENV_PREFIX}PROGRAM_SCHEDULING`. The command line's replaces the
+environment's, which replaces the file's, as a whole. Omitted keys take their defaults, an unknown key is an
+error that names it, and numbers must be finite.
 
 *Origin* `spec` means the key, default and bounds are the product specification's; `beyond the spec` keys
 are progrouter's additions, and their defaults keep the specification's behaviour. The two cost models'
@@ -142,21 +151,19 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def router_rows() -> Iterator[str]:
-    yield _row(["Key", "Flag", "Environment", "Type", "Default", "Bounds", "Origin", "Meaning"])
-    yield _row(["---"] * 8)
-    for name, field in RouterConfig.model_fields.items():
-        origin = "beyond upstream" if extra(field).get("x-beyond") == "upstream" else "upstream"
-        yield _row([
-            f"`{name}`",
-            _flag_text(RouterConfig, name, field),
-            f"`{ENV_PREFIX}{name.upper()}`",
-            _type_text(field.annotation),
-            _default_text(field),
-            _bounds_text(field),
-            origin,
-            _meaning(field),
-        ])  # fmt: skip
+def router_sections() -> Iterator[str]:
+    """One table per group of ``RouterConfig``."""
+    for title, fields in groups(RouterConfig):
+        yield f"### {title or 'Other settings'}\n"
+        rows = [_row(["Key", "Flag", "Environment", "Type", "Default", "Bounds", "Origin", "Meaning"])]
+        rows.append(_row(["---"] * 8))
+        for name, field in fields:
+            origin = "beyond upstream" if extra(field).get("x-beyond") == "upstream" else "upstream"
+            flag = _flag_text(RouterConfig, name, field)
+            variable = f"`{ENV_PREFIX}{name.upper()}`"
+            kind, default, bounds = _type_text(field.annotation), _default_text(field), _bounds_text(field)
+            rows.append(_row([f"`{name}`", flag, variable, kind, default, bounds, origin, _meaning(field)]))
+        yield "\n".join(rows) + "\n"
 
 
 def switch_rows() -> Iterator[str]:
@@ -197,7 +204,7 @@ def render() -> str:
     parts = [
         HEADER,
         "## Router settings\n",
-        "\n".join(router_rows()) + "\n",
+        *router_sections(),
         "## Program scheduling on the command line\n",
         "Upstream's switch and its JSON; `--config FILE` names the settings file.\n",
         "\n".join(switch_rows()) + "\n",

@@ -58,7 +58,9 @@ class ProgramSchedulingFlags(BaseModel):
     """
 
     enable_program_scheduling: bool = Field(
-        default=False, description="schedule requests that carry Program metadata"
+        default=False,
+        description="schedule requests that carry Program metadata",
+        json_schema_extra=setting(group="Program scheduling"),
     )
     program_scheduling_config_json: str | None = Field(
         default=None,
