@@ -25,7 +25,8 @@ ALLOWED = {
     "workload": {"config", "engine"},
     "sim": {"config", "routing", "program", "engine", "workload"},
     # the Envoy ext_proc shell: the cores, and the server's pure pieces (never its proxy: see below)
-    "epp": {"config", "routing", "program", "server"},
+    # (config_cli: the flags generated from the settings models)
+    "epp": {"config", "config_cli", "routing", "program", "server"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
 # console (its CLI, sim/cli.py, is a shell and may).

@@ -16,6 +16,7 @@ from pydantic_core import to_jsonable_python
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig, RouterConfig
 from progrouter.config_cli import add_model_arguments, default_value, value_type
+from progrouter.epp.cli import EppFlags
 from progrouter.server.cli import ProgramSchedulingFlags, add_arguments
 from progrouter.server.settings import read_environment
 from progrouter.settings_doc import PAGE, bounds_of, render
@@ -26,6 +27,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ProgramSchedulingConfig,
     PrefillCostModel,
     DecodeThroughputModel,
+    EppFlags,
     ProgramSchedulingFlags,
 )
 
@@ -91,7 +93,7 @@ def _validate(model: type[BaseModel], name: str, value: float) -> None:
 
 BOUNDED = [
     pytest.param(model, name, operator, bound, id=f"{model.__name__}.{name}{operator}{bound}")
-    for model in MODELS[:4]
+    for model in MODELS[:5]
     for name, field in model.model_fields.items()
     for operator, bound in bounds_of(field)
 ]

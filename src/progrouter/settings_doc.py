@@ -28,6 +28,7 @@ from progrouter.config_cli import (
     groups,
     value_type,
 )
+from progrouter.epp.cli import EppFlags
 from progrouter.server.cli import ProgramSchedulingFlags
 from progrouter.server.settings import ENV_PREFIX
 
@@ -166,18 +167,13 @@ def router_sections() -> Iterator[str]:
         yield "\n".join(rows) + "\n"
 
 
-def switch_rows() -> Iterator[str]:
-    yield _row(["Flag", "Type", "Default", "Meaning"])
-    yield _row(["---"] * 4)
-    for name, field in ProgramSchedulingFlags.model_fields.items():
-        yield _row(
-            [
-                _flag_text(ProgramSchedulingFlags, name, field),
-                _type_text(field.annotation),
-                _default_text(field),
-                _meaning(field),
-            ]
-        )
+def flag_rows(model: type[BaseModel]) -> Iterator[str]:
+    """A table of flags that are not router settings (no environment variable, no file key)."""
+    yield _row(["Flag", "Type", "Default", "Bounds", "Meaning"])
+    yield _row(["---"] * 5)
+    for name, field in model.model_fields.items():
+        flag, kind = _flag_text(model, name, field), _type_text(field.annotation)
+        yield _row([flag, kind, _default_text(field), _bounds_text(field), _meaning(field)])
 
 
 def program_rows(model: type[BaseModel] = ProgramSchedulingConfig, prefix: str = "") -> Iterator[str]:
@@ -207,7 +203,11 @@ def render() -> str:
         *router_sections(),
         "## Program scheduling on the command line\n",
         "Upstream's switch and its JSON; `--config FILE` names the settings file.\n",
-        "\n".join(switch_rows()) + "\n",
+        "\n".join(flag_rows(ProgramSchedulingFlags)) + "\n",
+        "## `progrouter epp`\n",
+        "The endpoint picker takes every router setting above (`--host`/`--port` are its gRPC listener), "
+        "and these flags of its own.\n",
+        "\n".join(flag_rows(EppFlags)) + "\n",
         PROGRAM_INTRO,
         "\n".join(program_rows()) + "\n",
     ]

@@ -70,3 +70,17 @@ async def test_the_command_serves_envoy_and_stops_on_sigterm(
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         if drainer is not None:
             await drainer
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"), [("--admin-port", "70000", "admin_port"), ("--envoy-port", "0", "envoy_port")]
+)
+async def test_an_out_of_range_port_flag_is_one_line_naming_it(flag: str, value: str, field: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "progrouter", "epp", "--print-envoy-bootstrap", flag, value,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and out == b""
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("progrouter epp: ") and field in lines[0]

@@ -15,12 +15,36 @@ import logging
 import signal
 import sys
 
-from progrouter.config import ConfigError, Policy, RouterConfig
+from pydantic import BaseModel, ConfigDict, Field
+
+from progrouter.config import ConfigError, Policy, RouterConfig, parse_config, setting
+from progrouter.config_cli import add_model_arguments
 from progrouter.server import cli as serve_cli
 
 log = logging.getLogger("progrouter.epp")
 DEFAULT_ADMIN_PORT = 9003
 DEFAULT_ENVOY_PORT = 8081
+
+
+class EppFlags(BaseModel):
+    """The endpoint picker's own flags, besides `serve`'s settings (which it shares)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admin_port: int = Field(
+        default=DEFAULT_ADMIN_PORT,
+        ge=0,
+        le=65535,
+        description="HTTP port of /health, /readiness, /liveness, /scheduling/diagnostics and /dashboard "
+        "(0: any free port)",
+        json_schema_extra=setting(group="endpoint picker"),
+    )
+    print_envoy_bootstrap: bool = Field(
+        default=False, description="print an Envoy bootstrap (JSON) whose listener asks this EPP, then exit"
+    )
+    envoy_port: int = Field(
+        default=DEFAULT_ENVOY_PORT, ge=1, le=65535, description="the printed bootstrap's listener port"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,25 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "An Envoy ext_proc endpoint picker (Gateway API Inference Extension) around the Program scheduler;\n"
         "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/epp.md)."
     )
-    epp = parser.add_argument_group("endpoint picker")
-    epp.add_argument(
-        "--admin-port",
-        type=int,
-        default=DEFAULT_ADMIN_PORT,
-        help="HTTP port of /health, /readiness, /liveness, /scheduling/diagnostics and /dashboard "
-        f"(0: any free port; default: {DEFAULT_ADMIN_PORT})",
-    )
-    epp.add_argument(
-        "--print-envoy-bootstrap",
-        action="store_true",
-        help="print an Envoy bootstrap (JSON) whose listener asks this EPP, then exit",
-    )
-    epp.add_argument(
-        "--envoy-port",
-        type=int,
-        default=DEFAULT_ENVOY_PORT,
-        help=f"the printed bootstrap's listener port (default: {DEFAULT_ENVOY_PORT})",
-    )
+    add_model_arguments(parser, EppFlags)
+
+
+def epp_flags(args: argparse.Namespace) -> EppFlags:
+    """The endpoint picker's own flags, taken out of ``args`` (what is left are `serve`'s settings)."""
+    given = {name: args.__dict__.pop(name) for name in EppFlags.model_fields if name in args.__dict__}
+    return parse_config(EppFlags, given, prefix="endpoint picker flags")
 
 
 def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
@@ -117,9 +129,12 @@ async def serve_epp(config: RouterConfig, admin_port: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    admin_port = args.__dict__.pop("admin_port")
-    printing = args.__dict__.pop("print_envoy_bootstrap")
-    envoy_port = args.__dict__.pop("envoy_port")
+    try:
+        flags = epp_flags(args)
+    except ConfigError as exc:
+        print(f"progrouter epp: {exc}", file=sys.stderr)
+        return 2
+    admin_port, printing, envoy_port = flags.admin_port, flags.print_envoy_bootstrap, flags.envoy_port
     refused = serve_cli.refuse_unsupported(args)
     if refused is not None:
         print(f"progrouter epp: {refused}", file=sys.stderr)
