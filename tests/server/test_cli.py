@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from progrouter.config import RouterConfig
+from progrouter.config_cli import flag_name
 from progrouter.server.cli import add_arguments, config_from_args
 
 
@@ -225,3 +227,31 @@ def test_flags_map_onto_router_config() -> None:
     assert config.program_scheduling is not None
     assert config.program_scheduling.token_capacity_per_dp_rank == 456
     assert config.program_scheduling.program_scheduling_enable_key.value == "auto"
+
+
+def _sample(action: argparse.Action) -> tuple[list[str], object]:
+    """Command-line words for one generated flag, and the value its field should receive."""
+    flag = action.option_strings[0]
+    if action.nargs == 0:  # a switch
+        return [flag], action.const
+    if action.choices:
+        return [flag, str(list(action.choices)[-1])], str(list(action.choices)[-1])
+    if isinstance(action, argparse._AppendAction):
+        return [flag, "a", flag, "b"], ["a", "b"]
+    if action.nargs == "*":
+        return [flag, "a", "b"], ["a", "b"]
+    if action.type in (int, float):
+        return [flag, "7"], action.type("7")
+    return [flag, "v"], "v"
+
+
+def test_every_settings_flag_lands_in_its_field() -> None:
+    """A flag whose value reached no RouterConfig field would be dropped without a word."""
+    parser = _parser()
+    settings = [a for a in parser._actions if a.dest in RouterConfig.model_fields]
+    assert {a.dest for a in settings} == {
+        name for name, field in RouterConfig.model_fields.items() if flag_name(name, field) is not None
+    }
+    for action in settings:
+        words, expected = _sample(action)
+        assert vars(parser.parse_args(words)) == {"config": None, action.dest: expected}, words
