@@ -43,8 +43,9 @@ _BOUND_TYPES = (
 
 HEADER = f"""# Settings reference
 
-<!-- Generated from the configuration models by `make docs-reference`; edit the fields' descriptions in
-src/progrouter/config.py, never this page. -->
+<!-- Generated from the settings models by `make docs-reference`: edit their fields
+(src/progrouter/config.py; the command-line-only flags in src/progrouter/server/cli.py and
+src/progrouter/epp/cli.py), never this page. -->
 
 Every router setting can be given three ways: a flag of `progrouter serve` (and of `progrouter epp`), an
 environment variable `{ENV_PREFIX}<KEY>`, or a key of the YAML or JSON file named by `--config FILE`. A flag
