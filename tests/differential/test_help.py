@@ -1,6 +1,6 @@
 """Command-line parity with the wheel: every regular-mode long flag of ``vllm-router --help`` is in
-``progrouter serve --help``; each PD-only flag stops startup with one clear line saying PD mode is not
-supported (never argparse noise)."""
+``progrouter serve --help``, with the default the wheel shows; each PD-only flag stops startup with one
+clear line saying PD mode is not supported (never argparse noise)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,46 @@ async def test_every_regular_mode_flag_of_the_wheel_is_accepted() -> None:
     assert code == 0
     missing = sorted(upstream - set(PD_ONLY) - long_flags(ours_help))
     assert missing == []
+
+
+def shown_defaults(help_text: str) -> dict[str, str]:
+    """Each long option's ``(default: X)`` as its help entry shows it (options without one left out)."""
+    entries: dict[str, str] = {}
+    flag = None
+    for line in help_text.splitlines():
+        if found := re.match(r"^\s{2}(--[a-z0-9][a-z0-9-]*)", line):
+            flag = found.group(1)
+            entries[flag] = line
+        elif flag is not None and line.startswith(" " * 8):
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None
+    out = {}
+    for flag, entry in entries.items():
+        shown = re.findall(r"\(default: ([^()]*)\)", " ".join(entry.split()))
+        if shown:
+            out[flag] = shown[-1]
+    return out
+
+
+def same_default(a: str, b: str) -> bool:
+    """The same value, however each renders a number (0.0 and 0)."""
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+async def test_every_shared_flag_shows_the_wheels_default() -> None:
+    (_, upstream_help, _), (code, ours_help, _) = await asyncio.gather(
+        run(str(upstream_bin()), "--help"), run(*OURS, "--help")
+    )
+    assert code == 0
+    upstream, ours = shown_defaults(upstream_help), shown_defaults(ours_help)
+    shared = sorted((set(upstream) & set(ours)) - set(PD_ONLY))
+    assert len(shared) > 40  # the help pages were parsed
+    differ = {f: (upstream[f], ours[f]) for f in shared if not same_default(upstream[f], ours[f])}
+    assert differ == {}
 
 
 async def test_pd_flags_fail_with_one_clear_line() -> None:
