@@ -4,8 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv compile upstream demo test test-deps lint typecheck unit unit-uvloop test-vllm vllm-env bench clean \
-	docs-reference
+.PHONY: venv compile upstream demo test test-deps lint typecheck unit unit-uvloop test-vllm vllm-env bench clean
 
 # The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
 # its own venv, never a dependency of the product.
@@ -38,8 +37,10 @@ demo: $(STAMP) compile
 
 # The settings reference, generated from the configuration models (tests/test_settings_doc.py fails while the
 # committed page is stale).
+.PHONY: docs-reference
 docs-reference: $(STAMP)
-	$(PY) -m progrouter.settings_doc > docs/reference/settings.md
+	$(PY) -m progrouter.settings_doc > docs/reference/settings.md.new
+	mv docs/reference/settings.md.new docs/reference/settings.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache src tests bench setup.py
