@@ -83,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         metavar="FILE",
         default=None,
-        help="YAML or JSON file of settings (keys are the flags' names with underscores); unknown keys "
-        "are errors",
+        help="YAML or JSON file of settings, keyed by their names in docs/reference/settings.md (mostly the "
+        "flags' names with underscores); unknown keys are errors",
     )
     add_model_arguments(parser, RouterConfig)
     add_model_arguments(parser, ProgramSchedulingFlags)
