@@ -117,6 +117,11 @@ def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
     return resp
 
 
+def _is_type_marker(loc_part: str) -> bool:
+    """A pydantic union branch in an error's location (``str``, ``list[...]``), not a field: vLLM drops it."""
+    return any(c in loc_part for c in "[](){}") or loc_part in {"str", "int", "float", "bool", "none"}
+
+
 def _sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
@@ -433,7 +438,7 @@ class EngineServer:
             req = model_cls.model_validate(body)
         except ValidationError as exc:
             loc = exc.errors(include_url=False)[0]["loc"] if exc.error_count() else ()
-            param = ".".join(["body", *(str(p) for p in loc)])
+            param = ".".join(["body", *(str(p) for p in loc if not _is_type_marker(str(p)))])
             raise HTTPError(400, describe(exc), param=param, validation=True) from exc
         model = getattr(req, "model", None)
         if model is not None and model != self.config.model_name:
@@ -508,7 +513,7 @@ class EngineServer:
         try:
             messages, tools = responses.to_chat(req)
         except responses.InputItemError as exc:
-            raise HTTPError(400, str(exc), param="input") from exc
+            raise HTTPError(400, str(exc), param="body.input", validation=exc.malformed) from exc
         prompt = self._chat_prompt(messages, tools)
         limit, wanted = self.config.max_model_len, req.max_output_tokens
         if wanted is not None and wanted > limit:
