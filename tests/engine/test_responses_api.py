@@ -198,3 +198,19 @@ async def test_bad_requests_get_vllms_errors_and_change_nothing(
     ) as resp:
         assert resp.status == 400 and (await resp.json())["error"]["type"] == "Bad Request"
     assert await metrics(http, eng.url) == before
+
+
+async def test_the_rank_header_is_ignored_as_vllm_ignores_it(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine(data_parallel_size=2)
+    for header in ("1", "x", "7"):
+        async with http.post(
+            eng.url + "/v1/responses",
+            json={"input": "hello there", "max_output_tokens": 1},
+            headers={"X-data-parallel-rank": header},
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+    m = await metrics(http, eng.url)
+    # idle Ranks tie on load and the first wins: every request went to Rank 0 whatever the header said
+    assert [sample(m, "vllm:prompt_tokens_total", r) for r in (0, 1)] == [15, 0]

@@ -393,7 +393,8 @@ class EngineServer:
         else:
             body = await self._read_body(request)
         prepared = self._prepare(kind, body)
-        driver = self._pick_driver(request)
+        # vLLM 0.32's Responses handler never passes the header's Rank to its engine: neither does this one
+        driver = self._pick_driver(None if kind == "responses" else request)
         if driver.mode is FaultMode.REFUSE:
             raise HTTPError(503, "This Rank is refusing requests (fault injection)", "ServiceUnavailable")
         if self.fail_rate > 0 and self._fail_rng.random() < self.fail_rate:
@@ -581,8 +582,9 @@ class EngineServer:
             )
         return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, seed=seed)
 
-    def _pick_driver(self, request: web.Request) -> RankDriver:
-        header = request.headers.get(DP_RANK_HEADER)
+    def _pick_driver(self, request: web.Request | None) -> RankDriver:
+        """The header's Rank (``request`` None: no header is read), else the least loaded serving Rank."""
+        header = None if request is None else request.headers.get(DP_RANK_HEADER)
         size = len(self.drivers)
         if header is not None:
             try:
