@@ -600,12 +600,18 @@ class EngineServer:
     # ---- responses ------------------------------------------------------------------------------------
 
     def _usage(self, prepared: _Prepared, n_out: int, cached: int) -> dict[str, Any]:
+        """OpenAI usage; chat also reports the tokens written to the cache, as vLLM's chat does."""
         n_prompt = len(prepared.prompt)
+        details: dict[str, int] = {"cached_tokens": cached}
+        if prepared.kind == "chat":
+            details["created_cache_tokens"] = TokenUsage.of(
+                n_prompt, cached, n_out, self.config.block_size
+            ).created
         return {
             "prompt_tokens": n_prompt,
             "total_tokens": n_prompt + n_out,
             "completion_tokens": n_out,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": details,
         }
 
     async def _complete(
