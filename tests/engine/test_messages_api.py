@@ -255,3 +255,15 @@ async def test_errors_after_validation_are_anthropic_shaped(
     got, data = await post(http, eng.url + "/v1/messages/count_tokens", {"model": "nope", "messages": user})
     assert got == 404 and data["type"] == "error"
     assert await metrics(http, eng.url) == before
+
+
+async def test_max_tokens_beyond_what_fits_is_capped(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine(max_model_len=128)
+    body = {"model": MODEL, "max_tokens": 120, "messages": [{"role": "user", "content": words(40)}]}
+    n = await count(http, eng.url, body)
+    status, msg = await post(http, eng.url + "/v1/messages", body)
+    # vLLM 0.32 caps the output at what fits beside the prompt; only more than max_model_len is a 400
+    assert status == 200, msg
+    assert msg["usage"]["output_tokens"] == 128 - n and msg["stop_reason"] == "max_tokens"

@@ -214,3 +214,15 @@ async def test_the_rank_header_is_ignored_as_vllm_ignores_it(
     m = await metrics(http, eng.url)
     # idle Ranks tie on load and the first wins: every request went to Rank 0 whatever the header said
     assert [sample(m, "vllm:prompt_tokens_total", r) for r in (0, 1)] == [15, 0]
+
+
+async def test_max_output_tokens_beyond_what_fits_is_capped(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine(max_model_len=128)
+    status, resp = await post(http, eng.url, {"input": words(40), "max_output_tokens": 120})
+    assert status == 200, resp
+    n = resp["usage"]["input_tokens"]
+    assert resp["usage"]["output_tokens"] == resp["max_output_tokens"] == 128 - n
+    _, unbounded = await post(http, eng.url, {"input": words(40)})
+    assert unbounded["usage"]["output_tokens"] == 128 - n  # no max_output_tokens: all that fits

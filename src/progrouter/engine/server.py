@@ -495,15 +495,8 @@ class EngineServer:
     def _prepare_messages(self, body: dict[str, Any]) -> _Prepared:
         req = self._parse(anthropic.MessagesRequest, body)
         prompt = self._chat_prompt(*anthropic.to_chat(req))
-        limit = self.config.max_model_len
-        if req.max_tokens > limit:
-            raise HTTPError(
-                400,
-                f"max_completion_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
-                "Please request fewer output tokens.",
-                param="max_completion_tokens",
-            )
-        params = self._sampling_params(len(prompt), req.max_tokens)
+        max_tokens = self._capped_max_tokens(len(prompt), req.max_tokens, "max_completion_tokens")
+        params = self._sampling_params(len(prompt), max_tokens)
         return _Prepared("messages", prompt, params, bool(req.stream), False, False, req.cache_salt)
 
     def _prepare_responses(self, body: dict[str, Any]) -> _Prepared:
@@ -516,19 +509,24 @@ class EngineServer:
         except responses.InputItemError as exc:
             raise HTTPError(400, str(exc), param="body.input", validation=exc.malformed) from exc
         prompt = self._chat_prompt(messages, tools)
-        limit, wanted = self.config.max_model_len, req.max_output_tokens
-        if wanted is not None and wanted > limit:
-            raise HTTPError(
-                400,
-                f"max_output_tokens={wanted} cannot be greater than max_model_len={limit}. "
-                "Please request fewer output tokens.",
-                param="max_output_tokens",
-            )
-        max_tokens = limit - len(prompt) if wanted is None else min(wanted, limit - len(prompt))
+        max_tokens = self._capped_max_tokens(len(prompt), req.max_output_tokens, "max_output_tokens")
         params = self._sampling_params(len(prompt), max_tokens)
         return _Prepared(
             "responses", prompt, params, bool(req.stream), False, False, req.cache_salt, responses_request=req
         )
+
+    def _capped_max_tokens(self, n_prompt: int, wanted: int | None, param: str) -> int:
+        """vLLM 0.32's output limit on the Messages and Responses routes: more than ``max_model_len`` is a
+        400, otherwise it is capped at what fits beside the prompt (None: all that fits)."""
+        limit = self.config.max_model_len
+        if wanted is not None and wanted > limit:
+            raise HTTPError(
+                400,
+                f"{param}={wanted} cannot be greater than max_model_len={limit}. Please request fewer output "
+                f"tokens. (parameter={param}, value={wanted})",
+                param=param,
+            )
+        return limit - n_prompt if wanted is None else min(wanted, limit - n_prompt)
 
     def _completion_prompt(self, req: CompletionRequest) -> list[int]:
         prompt = req.prompt
