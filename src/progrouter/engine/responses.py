@@ -139,6 +139,29 @@ def usage_body(usage: TokenUsage) -> dict[str, Any]:
     }
 
 
+FUNCTION_TOOL_FIELDS = (
+    "name",
+    "parameters",
+    "strict",
+    "type",
+    "allowed_callers",
+    "async",
+    "defer_loading",
+    "description",
+    "output_schema",
+)
+
+
+def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response echoes it: a function tool with every field of OpenAI's type (absent ones
+    null), as vLLM's validated copy has them; other tools as sent."""
+    if tool.get("type") != "function":
+        return tool
+    return {k: tool.get(k) for k in FUNCTION_TOOL_FIELDS} | {
+        k: v for k, v in tool.items() if k not in FUNCTION_TOOL_FIELDS
+    }
+
+
 def _text_part(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
     return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
@@ -191,7 +214,7 @@ class ResponseShape:
             "parallel_tool_calls": req.parallel_tool_calls,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "tool_choice": req.tool_choice if req.tools else "none",
-            "tools": req.tools,
+            "tools": [echo_tool(t) for t in req.tools],
             "top_p": 1.0 if req.top_p is None else req.top_p,
             "background": False,
             "max_output_tokens": self.max_output_tokens,
