@@ -146,6 +146,19 @@ def _counted(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("max_tokens", "stream")}
 
 
+async def test_messages_with_tools_match_vllm(servers: dict[str, str], http: aiohttp.ClientSession) -> None:
+    """Claude Code always sends tools; a stock vLLM (no tool parser) takes them with ``tool_choice`` none."""
+    first, _ = messages_turns()
+    tool = {"name": "bash", "description": "run", "input_schema": {"type": "object"}}
+    body = {**first, "tools": [tool], "tool_choice": {"type": "none"}}
+    seen = {}
+    for name, url in servers.items():
+        status, msg = await post(http, url + "/v1/messages", body, RANK0)
+        assert status == 200, (name, msg)
+        seen[name] = skeleton(msg)
+    assert seen["emulator"] == seen["vllm"]
+
+
 async def test_messages_stream_matches_vllm(servers: dict[str, str], http: aiohttp.ClientSession) -> None:
     first, _ = messages_turns()
     seen = {}
