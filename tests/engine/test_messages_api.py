@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -267,3 +268,34 @@ async def test_max_tokens_beyond_what_fits_is_capped(
     # vLLM 0.32 caps the output at what fits beside the prompt; only more than max_model_len is a 400
     assert status == 200, msg
     assert msg["usage"]["output_tokens"] == 128 - n and msg["stop_reason"] == "max_tokens"
+
+
+async def test_stream_disconnect_aborts_and_frees_blocks(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine(time_scale=1.0)
+    core = eng.server.cores[0]
+    body = {**first_turn(), "max_tokens": 3000, "stream": True}
+    resp = await http.post(eng.url + "/v1/messages", json=body)
+    while not (await resp.content.readline()).startswith(b"event: content_block_delta"):
+        pass  # the first token has arrived
+    assert core.num_running == 1 and core.kv_cache_usage() > 0
+    resp.close()
+    for _ in range(500):
+        if core.num_running == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert core.num_running == 0 and core.kv_cache_usage() == 0.0
+    assert core.stats.request_success["abort"] == 1
+
+
+async def test_a_refusing_rank_is_an_anthropic_503(
+    make_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await make_engine()
+    async with http.post(eng.url + "/admin/fault", json={"rank": None, "mode": "refuse"}) as resp:
+        assert resp.status == 200
+    status, data = await post(http, eng.url + "/v1/messages", first_turn())
+    assert status == 503 and data["type"] == "error" and data["error"]["type"] == "ServiceUnavailable"
+    status, data = await post(http, eng.url + "/v1/responses", {"input": "x"})
+    assert status == 503 and data["error"]["code"] == 503  # the Responses route keeps the OpenAI shape
