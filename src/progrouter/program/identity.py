@@ -92,7 +92,9 @@ class IdentityResult(NamedTuple):
 
     identity: ProgramIdentity
     hints: RequestHints
-    source: str  # agentic_context | agent_hint | header:claude_code | header:codex | header:generic
+    # agentic_context | agent_hint | header:claude_code | header:codex | header:generic; beyond the spec
+    # (identity_extensions): metadata:claude_code | header:opencode | header:codex_cli
+    source: str
 
 
 class _FrameworkHeaders(NamedTuple):  # a NamedTuple: hashed in C as a key of the remembered derivations
@@ -395,11 +397,12 @@ def _header_identity(
     headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     """Identity from one framework header schema alone (``auto`` only)."""
-    return _session_identity(_framework_headers(headers), hash_key)
+    framework = _framework_headers(headers)
+    return _session_identity(framework, hash_key, f"header:{framework.schema}")
 
 
 def _session_identity(
-    framework: _FrameworkHeaders, hash_key: Callable[[], str]
+    framework: _FrameworkHeaders, hash_key: Callable[[], str], source: str
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     """The identity one session (with its actor and parent actor) names: the derivation every header
     schema shares, spec or extension."""
@@ -428,9 +431,7 @@ def _session_identity(
         blocks_parent=not is_lead,
         # Codex ``thread-id=worker`` is a worker thread that is not expected to come back.
         expected_resume=is_lead,
-        source=framework.schema
-        if framework.schema == SOURCE_CLAUDE_METADATA
-        else f"header:{framework.schema}",
+        source=source,
     )
     _check_late_bounds(identity)
     return identity, RequestHints()
@@ -451,15 +452,17 @@ def _extension_identity(
             _header_value(headers, CLAUDE_PARENT_AGENT_HEADER),
         )
         key = f"metadata.user_id:session:{session}"
+        source = SOURCE_CLAUDE_METADATA
     else:
         framework = _NO_FRAMEWORK
-        key = ""
+        key = source = ""
         for schema in EXTENSION_SCHEMAS:
             value = _header_value(headers, schema.session)
             if value is not None:
                 agent = _header_value(headers, schema.agent) if schema.agent else None
                 framework = _FrameworkHeaders(schema.name, value, agent, None)
                 key = f"header:{schema.session}:{value}"
+                source = f"header:{schema.name}"
                 break
         if framework.session is None:
             return None
@@ -471,7 +474,7 @@ def _extension_identity(
             raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
         return key
 
-    return _session_identity(framework, hash_key)
+    return _session_identity(framework, hash_key, source)
 
 
 def _claude_metadata_session(request: Mapping[str, Any] | None) -> str | None:
