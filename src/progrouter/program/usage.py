@@ -170,7 +170,10 @@ class SseUsageAccumulator:
             self._ending = line[6:].strip() in _TERMINAL_EVENTS
             return
         if _USAGE_MARKER not in line:
-            if (self._ending and line.startswith(b"data:")) or _is_done_line(line):
+            if self._ending:
+                if line.startswith(b"data:"):  # a terminal event's data line: the end
+                    self.done = True
+            elif _DONE_MARKER in line and line.strip().removeprefix(b"data:").strip() == b"[DONE]":
                 self.done = True
             return
         line = line.strip()
@@ -180,14 +183,9 @@ class SseUsageAccumulator:
         if not data or data == b"[DONE]":
             return
         try:  # not contextlib.suppress: a context manager per usage line costs more than the parse
-            merge_usage_from_value(self.usage, orjson.loads(data))
+            value = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return
-        finally:
-            if self._ending:
-                self.done = True  # after its usage is in: the ticket may be finished once ``done`` is seen
-
-
-def _is_done_line(line: bytes) -> bool:
-    """``data: [DONE]``, the end of a chat or completions stream."""
-    return _DONE_MARKER in line and line.strip().removeprefix(b"data:").strip() == b"[DONE]"
+            value = None
+        merge_usage_from_value(self.usage, value)
+        if self._ending:
+            self.done = True  # after its usage is in: the ticket may be finished once ``done`` is seen
