@@ -67,10 +67,6 @@ JSON_ROUTES = frozenset(
         "/inference/v1/generate",
     }
 )
-# Routes that generate nothing and hold no KV: proxied natively, never scheduled as a Program request (no
-# admission, no charge, no Program), whatever identity they carry: a harness counts tokens with the same
-# session headers as the conversation it is sizing.
-UNSCHEDULED_ROUTES = frozenset({"/v1/messages/count_tokens"})
 # Every POST route the router forwards: vLLM's inference surface, and nothing that changes a worker's state.
 PROXIED_ROUTES = JSON_ROUTES | {
     "/v1/embeddings",
@@ -478,8 +474,7 @@ async def _proxy(call: _Call) -> Answer:
 
     body: Mapping[str, Any] | None = None
     json_route = call.route in JSON_ROUTES
-    gate = None if call.route in UNSCHEDULED_ROUTES else state.gate
-    if json_route or state.policy.needs_body or gate is not None:
+    if json_route or state.policy.needs_body or state.gate is not None:
         try:
             parsed: Any = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
@@ -498,7 +493,7 @@ async def _proxy(call: _Call) -> Answer:
 
     try:
         first: ProgramTicket | None = None
-        if gate is not None:
+        if state.gate is not None:
             asked = time.perf_counter()
             try:
                 first = await _acquire(call, body)
