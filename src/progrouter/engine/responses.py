@@ -44,7 +44,12 @@ class ResponsesRequest(BaseModel):
 
 
 class InputItemError(ValueError):
-    """An input item vLLM cannot turn into a chat message (400, parameter ``input``)."""
+    """An input item vLLM cannot turn into a chat message (400); ``malformed``: one its request validation
+    already refuses (an unknown item type), not one its conversion refuses (encrypted reasoning)."""
+
+    def __init__(self, message: str, *, malformed: bool) -> None:
+        super().__init__(message)
+        self.malformed = malformed
 
 
 # ---- request -> chat messages ------------------------------------------------------------------------------
@@ -66,7 +71,7 @@ def _item_message(item: dict[str, Any], prev: dict[str, Any] | None) -> dict[str
         return {"role": "assistant", "tool_calls": [call]}
     if kind == "reasoning":
         if item.get("encrypted_content"):
-            raise InputItemError("Encrypted content is not supported.")
+            raise InputItemError("Encrypted content is not supported.", malformed=False)
         parts = item.get("content") or item.get("summary") or []
         reasoning = parts[0].get("text", "") if parts and isinstance(parts[0], dict) else ""
         if prev is not None and prev.get("reasoning") is None:
@@ -87,7 +92,7 @@ def _item_message(item: dict[str, Any], prev: dict[str, Any] | None) -> dict[str
             return {"role": "assistant", "content": text}
     if "role" in item:
         return {k: v for k, v in item.items() if k in ("role", "content")}
-    raise InputItemError(f"Unsupported input item type: {kind}")
+    raise InputItemError(f"Unsupported input item type: {kind}", malformed=True)
 
 
 def to_chat(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -131,6 +136,29 @@ def usage_body(usage: TokenUsage) -> dict[str, Any]:
             "tool_output_tokens_per_turn": [],
         },
         "total_tokens": usage.prompt + usage.output,
+    }
+
+
+FUNCTION_TOOL_FIELDS = (
+    "name",
+    "parameters",
+    "strict",
+    "type",
+    "allowed_callers",
+    "async",
+    "defer_loading",
+    "description",
+    "output_schema",
+)
+
+
+def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response echoes it: a function tool with every field of OpenAI's type (absent ones
+    null), as vLLM's validated copy has them; other tools as sent."""
+    if tool.get("type") != "function":
+        return tool
+    return {k: tool.get(k) for k in FUNCTION_TOOL_FIELDS} | {
+        k: v for k, v in tool.items() if k not in FUNCTION_TOOL_FIELDS
     }
 
 
@@ -186,7 +214,7 @@ class ResponseShape:
             "parallel_tool_calls": req.parallel_tool_calls,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "tool_choice": req.tool_choice if req.tools else "none",
-            "tools": req.tools,
+            "tools": [echo_tool(t) for t in req.tools],
             "top_p": 1.0 if req.top_p is None else req.top_p,
             "background": False,
             "max_output_tokens": self.max_output_tokens,

@@ -117,6 +117,11 @@ def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
     return resp
 
 
+def _is_type_marker(loc_part: str) -> bool:
+    """A pydantic union branch in an error's location (``str``, ``list[...]``), not a field: vLLM drops it."""
+    return any(c in loc_part for c in "[](){}") or loc_part in {"str", "int", "float", "bool", "none"}
+
+
 def _sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
@@ -388,7 +393,8 @@ class EngineServer:
         else:
             body = await self._read_body(request)
         prepared = self._prepare(kind, body)
-        driver = self._pick_driver(request)
+        # vLLM 0.32's Responses handler never passes the header's Rank to its engine: neither does this one
+        driver = self._pick_driver(None if kind == "responses" else request)
         if driver.mode is FaultMode.REFUSE:
             raise HTTPError(503, "This Rank is refusing requests (fault injection)", "ServiceUnavailable")
         if self.fail_rate > 0 and self._fail_rng.random() < self.fail_rate:
@@ -433,7 +439,7 @@ class EngineServer:
             req = model_cls.model_validate(body)
         except ValidationError as exc:
             loc = exc.errors(include_url=False)[0]["loc"] if exc.error_count() else ()
-            param = ".".join(["body", *(str(p) for p in loc)])
+            param = ".".join(["body", *(str(p) for p in loc if not _is_type_marker(str(p)))])
             raise HTTPError(400, describe(exc), param=param, validation=True) from exc
         model = getattr(req, "model", None)
         if model is not None and model != self.config.model_name:
@@ -489,15 +495,8 @@ class EngineServer:
     def _prepare_messages(self, body: dict[str, Any]) -> _Prepared:
         req = self._parse(anthropic.MessagesRequest, body)
         prompt = self._chat_prompt(*anthropic.to_chat(req))
-        limit = self.config.max_model_len
-        if req.max_tokens > limit:
-            raise HTTPError(
-                400,
-                f"max_completion_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
-                "Please request fewer output tokens.",
-                param="max_completion_tokens",
-            )
-        params = self._sampling_params(len(prompt), req.max_tokens)
+        max_tokens = self._capped_max_tokens(len(prompt), req.max_tokens, "max_completion_tokens")
+        params = self._sampling_params(len(prompt), max_tokens)
         return _Prepared("messages", prompt, params, bool(req.stream), False, False, req.cache_salt)
 
     def _prepare_responses(self, body: dict[str, Any]) -> _Prepared:
@@ -508,21 +507,26 @@ class EngineServer:
         try:
             messages, tools = responses.to_chat(req)
         except responses.InputItemError as exc:
-            raise HTTPError(400, str(exc), param="input") from exc
+            raise HTTPError(400, str(exc), param="body.input", validation=exc.malformed) from exc
         prompt = self._chat_prompt(messages, tools)
-        limit, wanted = self.config.max_model_len, req.max_output_tokens
-        if wanted is not None and wanted > limit:
-            raise HTTPError(
-                400,
-                f"max_output_tokens={wanted} cannot be greater than max_model_len={limit}. "
-                "Please request fewer output tokens.",
-                param="max_output_tokens",
-            )
-        max_tokens = limit - len(prompt) if wanted is None else min(wanted, limit - len(prompt))
+        max_tokens = self._capped_max_tokens(len(prompt), req.max_output_tokens, "max_output_tokens")
         params = self._sampling_params(len(prompt), max_tokens)
         return _Prepared(
             "responses", prompt, params, bool(req.stream), False, False, req.cache_salt, responses_request=req
         )
+
+    def _capped_max_tokens(self, n_prompt: int, wanted: int | None, param: str) -> int:
+        """vLLM 0.32's output limit on the Messages and Responses routes: more than ``max_model_len`` is a
+        400, otherwise it is capped at what fits beside the prompt (None: all that fits)."""
+        limit = self.config.max_model_len
+        if wanted is not None and wanted > limit:
+            raise HTTPError(
+                400,
+                f"{param}={wanted} cannot be greater than max_model_len={limit}. Please request fewer output "
+                f"tokens. (parameter={param}, value={wanted})",
+                param=param,
+            )
+        return limit - n_prompt if wanted is None else min(wanted, limit - n_prompt)
 
     def _completion_prompt(self, req: CompletionRequest) -> list[int]:
         prompt = req.prompt
@@ -576,8 +580,9 @@ class EngineServer:
             )
         return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, seed=seed)
 
-    def _pick_driver(self, request: web.Request) -> RankDriver:
-        header = request.headers.get(DP_RANK_HEADER)
+    def _pick_driver(self, request: web.Request | None) -> RankDriver:
+        """The header's Rank (``request`` None: no header is read), else the least loaded serving Rank."""
+        header = None if request is None else request.headers.get(DP_RANK_HEADER)
         size = len(self.drivers)
         if header is not None:
             try:
@@ -593,12 +598,18 @@ class EngineServer:
     # ---- responses ------------------------------------------------------------------------------------
 
     def _usage(self, prepared: _Prepared, n_out: int, cached: int) -> dict[str, Any]:
+        """OpenAI usage; chat also reports the tokens written to the cache, as vLLM's chat does."""
         n_prompt = len(prepared.prompt)
+        details: dict[str, int] = {"cached_tokens": cached}
+        if prepared.kind == "chat":
+            details["created_cache_tokens"] = TokenUsage.of(
+                n_prompt, cached, n_out, self.config.block_size
+            ).created
         return {
             "prompt_tokens": n_prompt,
             "total_tokens": n_prompt + n_out,
             "completion_tokens": n_out,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": details,
         }
 
     async def _complete(
