@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from progrouter.engine.server import RunningEngine
 from progrouter.server.runner import RunningRouter
 from support.factories import EngineFactory, RouterFactory
+from support.sse import read_named_events
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,16 +23,6 @@ SYSTEM = [
     {"type": "text", "text": "You are Claude Code. " + " ".join(f"rule{i}" for i in range(80))},
     {"type": "text", "text": "Be terse.", "cache_control": {"type": "ephemeral"}},
 ]
-
-
-def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    """The (event, data) pairs of an SSE answer that names its events."""
-    out = []
-    for block in raw.decode().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in lines and "data" in lines:
-            out.append((lines["event"], orjson.loads(lines["data"])))
-    return out
 
 
 async def setup(
@@ -65,7 +55,7 @@ async def test_claude_code_turns_usage_and_cache_through_the_router(
             counted = (await resp.json())["input_tokens"]
         async with client.post(router.url + "/v1/messages?beta=true", json=body, headers=headers) as resp:
             assert resp.status == 200, await resp.text()
-            seen = events(await resp.read())
+            seen = await read_named_events(resp)
         names = [name for name, _ in seen]
         assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
         usage = seen[-2][1]["usage"]
@@ -120,7 +110,7 @@ async def test_codex_turns_usage_and_cache_through_the_router(
         }
         async with client.post(router.url + "/v1/responses", json=body, headers=headers) as resp:
             assert resp.status == 200, await resp.text()
-            seen = events(await resp.read())
+            seen = await read_named_events(resp)
         assert seen[0][0] == "response.created" and seen[-1][0] == "response.completed"
         usage = seen[-1][1]["response"]["usage"]
         prompts.append(usage["input_tokens"])
