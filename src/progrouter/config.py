@@ -472,6 +472,15 @@ class ProgramSchedulingConfig(_Strict):
         "then, every Rank's samples together stand in once they fill one window",
         json_schema_extra=setting(beyond="spec"),
     )
+    # Beyond the spec (docs/identity.md): under `auto`, after the spec's sources, the session the harnesses
+    # really send — Claude Code's metadata.user_id, OpenCode's x-opencode-session, Codex CLI's session_id.
+    identity_extensions: bool = Field(
+        default=False,
+        description="under enable key auto, after every spec source is absent, also take the session the "
+        "harnesses really send: Claude Code's metadata.user_id session, OpenCode's x-opencode-session, Codex "
+        "CLI's session_id (with x-openai-subagent as the agent)",
+        json_schema_extra=setting(beyond="spec"),
+    )
 
     @field_validator(
         "weighed_ttl_max_seconds",
@@ -534,6 +543,8 @@ class ProgramSchedulingConfig(_Strict):
         ):
             raise ValueError("binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank")
         self._check_kv_event_sources()
+        if self.identity_extensions and self.program_scheduling_enable_key is not EnableKey.AUTO:
+            raise ValueError("identity_extensions requires program_scheduling_enable_key auto")
         return self
 
     def _check_kv_event_sources(self) -> None:

@@ -1,9 +1,10 @@
 """The asyncio shell around the sans-I/O ``ProgramScheduler``: what sits between an HTTP request and the core.
 
-Per request, ``acquire`` extracts the Program identity (none → native routing, and no Program state is
-ever created), estimates the prompt size, hands the request to the scheduler and awaits its outcome:
-dispatched to a Rank (a ``ProgramTicket``) or timed out in the RequestPool (``QueueTimeout``, 429). A client
-that goes away while its request is retained cancels it in the scheduler at once.
+Per request, ``acquire`` extracts the Program identity (none, or a route that generates nothing → native
+routing, and no Program state is ever created), estimates the prompt size, hands the request to the
+scheduler and awaits its outcome: dispatched to a Rank (a ``ProgramTicket``) or timed out in the RequestPool
+(``QueueTimeout``, 429). A client that goes away while its request is retained cancels it in the scheduler at
+once.
 
 Around that, three things keep the core fed, all with ``time.monotonic()``:
 - a driver task that wakes at the earlier of the next periodic tick (``metrics_interval_seconds``) and the
@@ -56,6 +57,10 @@ from progrouter.server.program_residency import ProgramResidency
 log = logging.getLogger("progrouter.program.gate")
 
 ALL_MODELS_POOL = "program:all"
+# Routes that generate nothing and hold no KV: never a Program request (no admission, no charge, no Program),
+# whatever identity they carry — a harness counts tokens with the session headers of the conversation it is
+# sizing. The proxy and the EPP route them natively.
+UNSCHEDULED_ROUTES = frozenset({"/v1/messages/count_tokens"})
 
 
 def model_pool_of(body: Mapping[str, Any] | None) -> str:
@@ -202,10 +207,13 @@ class ProgramGate:
         raw_body: bytes,
         headers: Mapping[str, str],
     ) -> ProgramTicket | None:
-        """Wait until the request may go to its Rank; None when it carries no Program identity.
+        """Wait until the request may go to its Rank; None when it carries no Program identity or its
+        route is one of ``UNSCHEDULED_ROUTES`` (its identity is then not even read).
 
         Raises ``InvalidIdentity`` (400), ``NoTargets`` (503) or ``QueueTimeout`` (429).
         """
+        if route in UNSCHEDULED_ROUTES:
+            return None
         pool = model_pool_of(body)
         if pool not in self._pools and len(self._pools) >= self.config.max_model_pools:
             pool = ALL_MODELS_POOL
@@ -215,6 +223,7 @@ class ProgramGate:
             self.config.program_scheduling_enable_key,
             raw_body=raw_body,
             model_pool=pool,
+            extensions=self.config.identity_extensions,
         )
         if found is None:
             return None

@@ -55,13 +55,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("progrouter.proxy")
 
-# Typed generation routes: their body must be a JSON object (else 400), as upstream's typed handlers enforce.
+# Typed routes: their body must be a JSON object (else 400), as upstream's typed handlers and vLLM enforce.
 JSON_ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
         "/v1/messages",
+        "/v1/messages/count_tokens",
         "/generate",
         "/inference/v1/generate",
     }
