@@ -14,6 +14,9 @@ Arms (``ARMS``):
 - ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
 - ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
 
+With ``--api messages`` or ``--api responses`` the replay sends identity only in the harness's headers, so
+the Program arms run with enable key ``auto`` unless the config names one.
+
 Time compression: the emulator runs ``time_scale`` times faster than modelled time, the replay waits gaps
 divided by it, and the router's time-valued config (intervals, timeouts, TTL caps and the cost-model
 coefficients) is divided by it too, so the router reasons in the wall seconds it observes. Reported figures
@@ -73,6 +76,9 @@ COST_FIELDS = {
     ),
 }
 UPSTREAM_BINARY = "vllm-router"
+#: Replay API shapes with identity in the harness's headers: the Program arms read it with enable key auto.
+HEADER_IDENTITY_APIS = frozenset({"messages", "responses"})
+ENABLE_KEY_FIELDS = frozenset({"enable_key", "program_scheduling_enable_key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,8 @@ class Bench:
             argv += ["--api-key", "progrouter-bench"]  # upstream insists on one with DP > 1; any value
         if arm.program:
             cfg = dict(self.plan.program_config)
+            if self.plan.replay.api in HEADER_IDENTITY_APIS and not ENABLE_KEY_FIELDS & cfg.keys():
+                cfg["enable_key"] = "auto"  # the harness shapes carry identity only in headers
             if arm.binding_only:
                 cfg["binding_only"] = True
             if arm.residency:
