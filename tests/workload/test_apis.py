@@ -214,3 +214,19 @@ def test_clients_are_typed_as_their_api() -> None:
     trace = _trace()
     assert isinstance(make_client("messages", trace, PromptBuilder(trace), "m"), MessagesClient)
     assert isinstance(make_client("responses", trace, PromptBuilder(trace), "m"), ResponsesClient)
+
+
+def test_chat_session_turns_carry_tool_calls_and_a_session_header_like_opencode() -> None:
+    spec = fixture("opencode_openhands")
+    lead = _bodies("chat-session")
+    (h0, b0), (_h1, b1), (_h2, b2), _ = lead
+    for headers, body in lead:
+        assert {k.lower() for k in spec["headers"]} <= {k.lower() for k in headers}
+        assert "vllm_xargs" not in body
+    assert h0["x-session-id"] == "t0"
+    assert set(spec["turns"][0]) <= set(b0) and set(spec["turns"][1]) <= set(b1)
+    assert _types(b1["messages"]) == _types(spec["turns"][1]["messages"])
+    call = b1["messages"][2]["tool_calls"][0]
+    assert b1["messages"][3]["tool_call_id"] == call["id"]
+    assert b2["messages"][:4] == b1["messages"]
+    assert _bodies("chat-session", "t0:sub-1")[0][0]["x-session-id"] == "t0:sub-1"  # its own child session

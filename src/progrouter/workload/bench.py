@@ -14,8 +14,8 @@ Arms (``ARMS``):
 - ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
 - ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
 
-With ``--api messages`` or ``--api responses`` the replay sends identity only in the harness's headers, so
-the Program arms run with enable key ``auto`` unless the config names one.
+With ``--api messages``, ``responses`` or ``chat-session`` the replay sends identity only in the harness's
+headers, so the Program arms run with enable key ``auto`` unless the config names one.
 
 Time compression: the emulator runs ``time_scale`` times faster than modelled time, the replay waits gaps
 divided by it, and the router's time-valued config (intervals, timeouts, TTL caps and the cost-model
@@ -40,6 +40,7 @@ import orjson
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.workload.apis.base import HEADER_IDENTITY_APIS
 from progrouter.workload.arms import (
     ARMS,
     ArmSpec,
@@ -76,8 +77,6 @@ COST_FIELDS = {
     ),
 }
 UPSTREAM_BINARY = "vllm-router"
-#: Replay API shapes with identity in the harness's headers: the Program arms read it with enable key auto.
-HEADER_IDENTITY_APIS = frozenset({"messages", "responses"})
 ENABLE_KEY_FIELDS = frozenset({"enable_key", "program_scheduling_enable_key"})
 
 

@@ -38,7 +38,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         default="completions",
         help="completions: token-id prompts (exact prefixes, default); chat: text messages; "
         "messages: the Anthropic Messages API as Claude Code sends it; responses: the OpenAI Responses API "
-        "as the Codex CLI sends it (both: identity in the harness's headers, tool calls in the conversation)",
+        "as the Codex CLI sends it; chat-session: chat completions as OpenCode/OpenHands send them (these "
+        "three: identity in the harness's headers, tool calls in the conversation)",
     )
     parser.add_argument("--model", default=None, help="model name (default: the first in /v1/models)")
     parser.add_argument(

@@ -8,8 +8,10 @@ from typing import Any, Literal, Protocol
 
 from progrouter.workload.trace import TraceProgram, TraceRequest, TraceTask
 
-ApiName = Literal["completions", "chat", "messages", "responses"]
-API_NAMES: tuple[ApiName, ...] = ("completions", "chat", "messages", "responses")
+ApiName = Literal["completions", "chat", "messages", "responses", "chat-session"]
+API_NAMES: tuple[ApiName, ...] = ("completions", "chat", "messages", "responses", "chat-session")
+#: The shapes that carry identity only in a harness's headers (never ``agentic_context``).
+HEADER_IDENTITY_APIS: frozenset[ApiName] = frozenset({"messages", "responses", "chat-session"})
 
 
 @dataclass(frozen=True, slots=True)

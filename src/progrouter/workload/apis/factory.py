@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from progrouter.workload.apis.base import ApiClient, ApiName
+from progrouter.workload.apis.base import API_NAMES, ApiClient, ApiName
+from progrouter.workload.apis.chat_session import ChatSessionClient
 from progrouter.workload.apis.conversation import ConversationBuilder
 from progrouter.workload.apis.messages import MessagesClient
 from progrouter.workload.apis.openai import OpenAIClient
@@ -26,8 +27,8 @@ def make_client(
     kv_retention_hint: float | None = None,
     api_key: str | None = None,
 ) -> ApiClient:
-    """``completions``/``chat``: identity in the body; ``messages``/``responses``: in the harness's headers
-    (a KV retention hint has no header, so those shapes do not send one)."""
+    """``completions``/``chat``: identity in the body; ``messages``/``responses``/``chat-session``: in the
+    harness's headers."""
     check_hint(api, kv_retention_hint)
     if api in ("completions", "chat"):
         return OpenAIClient(api, prompts, model, kv_retention_hint)
@@ -36,4 +37,6 @@ def make_client(
         return MessagesClient(conversations, model, api_key)
     if api == "responses":
         return ResponsesClient(conversations, model, api_key)
-    raise ValueError(f"unknown API {api!r}; known: completions, chat, messages, responses")
+    if api == "chat-session":
+        return ChatSessionClient(conversations, model, api_key)
+    raise ValueError(f"unknown API {api!r}; known: {', '.join(API_NAMES)}")
