@@ -52,6 +52,7 @@ class CompletionRequest(_GenerationRequest):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
 
@@ -62,6 +63,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
 
 
@@ -81,6 +83,8 @@ def describe(exc: ValidationError) -> str:
     return f"{exc.error_count()} validation error(s) for {exc.title}; " + "; ".join(parts)
 
 
-def error_body(message: str, *, status: int = 400, err_type: str = "BadRequestError") -> dict[str, Any]:
+def error_body(
+    message: str, *, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
+) -> dict[str, Any]:
     """vLLM's ErrorResponse shape."""
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}

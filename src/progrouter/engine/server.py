@@ -18,12 +18,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from progrouter.engine import anthropic, responses
 from progrouter.engine.chat_template import ChatTemplateError, render_chat
 from progrouter.engine.config import EngineConfig
 from progrouter.engine.core import EngineCore, RequestOutput, RequestRejected
@@ -40,6 +41,7 @@ from progrouter.engine.protocol import (
 )
 from progrouter.engine.request import SamplingParams
 from progrouter.engine.tokenizer import Tokenizer
+from progrouter.engine.usage import TokenUsage
 
 _Req = TypeVar("_Req", bound=BaseModel)
 log = logging.getLogger(__name__)
@@ -55,15 +57,45 @@ class FaultMode(StrEnum):
 
 
 class HTTPError(Exception):
-    """An error answer in vLLM's ErrorResponse shape."""
+    """An error answer in vLLM's ErrorResponse shape; ``validation``: the body itself is malformed (vLLM
+    answers those before any API's handler runs, so in the OpenAI shape whatever the route)."""
 
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "BadRequestError",
+        *,
+        param: str | None = None,
+        validation: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.err_type = err_type
+        self.param = param
+        self.validation = validation
 
     def response(self) -> web.Response:
-        return _json(error_body(str(self), status=self.status, err_type=self.err_type), status=self.status)
+        body = error_body(str(self), status=self.status, err_type=self.err_type, param=self.param)
+        return _json(body, status=self.status)
+
+    def dialect_response(self, *, anthropic_shaped: bool) -> web.Response:
+        """The answer of the Messages and Responses routes: a malformed body as vLLM's request validation
+        answers it (type ``Bad Request``); any later error Anthropic-shaped on the Messages routes."""
+        if self.validation:
+            body = error_body(str(self), status=400, err_type="Bad Request", param=self.param)
+            return _json(body, status=400)
+        if anthropic_shaped:
+            return _json(anthropic.error_body(self.err_type, str(self)), status=self.status)
+        return self.response()
+
+
+class _EventStream(Protocol):
+    """One streamed answer of the Messages or Responses API, as (event name, data) pairs."""
+
+    def head(self) -> list[tuple[str, dict[str, Any]]]: ...
+    def tokens(self, text: str) -> list[tuple[str, dict[str, Any]]]: ...
+    def finish(self, finish_reason: str, usage: TokenUsage) -> list[tuple[str, dict[str, Any]]]: ...
 
 
 @web.middleware
@@ -83,6 +115,10 @@ def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
         request.transport.abort()
     resp.force_close()
     return resp
+
+
+def _sse_event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -200,13 +236,14 @@ class RankDriver:
 class _Prepared:
     """A validated generation request, ready for a Rank."""
 
-    kind: str  # "completion" | "chat"
+    kind: str  # "completion" | "chat" | "messages" | "responses"
     prompt: list[int]
     params: SamplingParams
     stream: bool
     include_usage: bool
     continuous_usage: bool
     cache_salt: str | None
+    responses_request: responses.ResponsesRequest | None = None
 
 
 @dataclass
@@ -245,6 +282,9 @@ class EngineServer:
         app = web.Application(client_max_size=1 << 30, middlewares=[_error_responses])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/messages", self.create_messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_message_tokens)
+        app.router.add_post("/v1/responses", self.create_response)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/server_info", self.server_info)
@@ -319,21 +359,50 @@ class EngineServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
 
+    async def create_messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's ``POST /v1/messages`` as vLLM serves it (see ``engine/anthropic.py``)."""
+        try:
+            return await self._serve(request, "messages")
+        except HTTPError as exc:
+            return exc.dialect_response(anthropic_shaped=True)
+
+    async def count_message_tokens(self, request: web.Request) -> web.Response:
+        """``POST /v1/messages/count_tokens``: the rendered prompt's length; nothing reaches a Rank."""
+        try:
+            req = self._parse(anthropic.CountTokensRequest, await self._read_json_body(request))
+            prompt = self._chat_prompt(*anthropic.to_chat(req))
+        except HTTPError as exc:
+            return exc.dialect_response(anthropic_shaped=True)
+        return _json(anthropic.count_tokens_body(len(prompt)))
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's ``POST /v1/responses`` as vLLM serves it (see ``engine/responses.py``)."""
+        try:
+            return await self._serve(request, "responses")
+        except HTTPError as exc:
+            return exc.dialect_response(anthropic_shaped=False)
+
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
-        body = await self._read_body(request)
+        if kind in ("messages", "responses"):
+            body = await self._read_json_body(request)
+        else:
+            body = await self._read_body(request)
         prepared = self._prepare(kind, body)
         driver = self._pick_driver(request)
         if driver.mode is FaultMode.REFUSE:
             raise HTTPError(503, "This Rank is refusing requests (fault injection)", "ServiceUnavailable")
         if self.fail_rate > 0 and self._fail_rng.random() < self.fail_rate:
             raise HTTPError(500, "Injected failure (--fail-rate)", "InternalServerError")
-        prefix = "cmpl" if kind == "completion" else "chatcmpl"
-        request_id = f"{prefix}-{self.config.seed}-{next(self._ids)}"
+        prefix = {"completion": "cmpl-", "responses": "resp_"}.get(kind, "chatcmpl-")
+        request_id = f"{prefix}{self.config.seed}-{next(self._ids)}"
         try:
             stream = driver.submit(request_id, prepared.prompt, prepared.params, prepared.cache_salt)
         except RequestRejected as exc:
             raise HTTPError(400, str(exc)) from exc
         try:
+            if prepared.stream and kind in ("messages", "responses"):
+                events = self._event_stream(prepared, stream)
+                return await self._stream_events(request, driver, stream, prepared, events)
             if prepared.stream:
                 return await self._stream(request, driver, stream, prepared)
             return await self._complete(request, driver, stream, prepared)
@@ -346,23 +415,46 @@ class EngineServer:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise HTTPError(400, f"JSON decode error: {exc}") from exc
+            raise HTTPError(400, f"JSON decode error: {exc}", param="body", validation=True) from exc
         if not isinstance(body, dict):
-            raise HTTPError(400, "The request body must be a JSON object")
+            raise HTTPError(400, "The request body must be a JSON object", param="body", validation=True)
         return body
+
+    async def _read_json_body(self, request: web.Request) -> dict[str, Any]:
+        """As ``_read_body``, refusing a body not sent as ``application/json`` (as vLLM's newer routes do)."""
+        if request.content_type != "application/json":
+            message = "Unsupported Media Type: Only 'application/json' is allowed"
+            raise HTTPError(400, message, validation=True)
+        return await self._read_body(request)
 
     def _parse(self, model_cls: type[_Req], body: dict[str, Any]) -> _Req:
         """Validate ``body`` as ``model_cls`` (400 naming the fields) and check it names our model (404)."""
         try:
             req = model_cls.model_validate(body)
         except ValidationError as exc:
-            raise HTTPError(400, describe(exc)) from exc
+            loc = exc.errors(include_url=False)[0]["loc"] if exc.error_count() else ()
+            param = ".".join(["body", *(str(p) for p in loc)])
+            raise HTTPError(400, describe(exc), param=param, validation=True) from exc
         model = getattr(req, "model", None)
         if model is not None and model != self.config.model_name:
-            raise HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
         return req
 
+    def _chat_prompt(
+        self, messages: list[Any], tools: list[Any] | None = None, *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The token ids of the chat template's rendering: chat, Messages, Responses and /tokenize alike."""
+        try:
+            text = render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        except ChatTemplateError as exc:
+            raise HTTPError(400, str(exc)) from exc
+        return self.tokenizer.encode(text)
+
     def _prepare(self, kind: str, body: dict[str, Any]) -> _Prepared:
+        if kind == "messages":
+            return self._prepare_messages(body)
+        if kind == "responses":
+            return self._prepare_responses(body)
         req: CompletionRequest | ChatCompletionRequest
         if kind == "completion":
             req = self._parse(CompletionRequest, body)
@@ -376,13 +468,13 @@ class EngineServer:
             prompt = self._completion_prompt(req)
             max_tokens = req.max_tokens
         else:
-            try:
-                text = render_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
-            except ChatTemplateError as exc:
-                raise HTTPError(400, str(exc)) from exc
-            prompt = self.tokenizer.encode(text)
+            prompt = self._chat_prompt(
+                req.messages, req.tools, add_generation_prompt=req.add_generation_prompt
+            )
             max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-        params = self._sampling_params(req, len(prompt), max_tokens)
+        params = self._sampling_params(
+            len(prompt), max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, seed=req.seed
+        )
         opts = req.stream_options
         return _Prepared(
             kind=kind,
@@ -392,6 +484,44 @@ class EngineServer:
             include_usage=bool(opts is not None and opts.include_usage),
             continuous_usage=bool(opts is not None and opts.include_usage and opts.continuous_usage_stats),
             cache_salt=req.cache_salt,
+        )
+
+    def _prepare_messages(self, body: dict[str, Any]) -> _Prepared:
+        req = self._parse(anthropic.MessagesRequest, body)
+        prompt = self._chat_prompt(*anthropic.to_chat(req))
+        limit = self.config.max_model_len
+        if req.max_tokens > limit:
+            raise HTTPError(
+                400,
+                f"max_completion_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                param="max_completion_tokens",
+            )
+        params = self._sampling_params(len(prompt), req.max_tokens)
+        return _Prepared("messages", prompt, params, bool(req.stream), False, False, req.cache_salt)
+
+    def _prepare_responses(self, body: dict[str, Any]) -> _Prepared:
+        req = self._parse(responses.ResponsesRequest, body)
+        if req.previous_response_id is not None:
+            message = f"Response with id '{req.previous_response_id}' not found."
+            raise HTTPError(404, message, "invalid_request_error", param="response_id")
+        try:
+            messages, tools = responses.to_chat(req)
+        except responses.InputItemError as exc:
+            raise HTTPError(400, str(exc), param="input") from exc
+        prompt = self._chat_prompt(messages, tools)
+        limit, wanted = self.config.max_model_len, req.max_output_tokens
+        if wanted is not None and wanted > limit:
+            raise HTTPError(
+                400,
+                f"max_output_tokens={wanted} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                param="max_output_tokens",
+            )
+        max_tokens = limit - len(prompt) if wanted is None else min(wanted, limit - len(prompt))
+        params = self._sampling_params(len(prompt), max_tokens)
+        return _Prepared(
+            "responses", prompt, params, bool(req.stream), False, False, req.cache_salt, responses_request=req
         )
 
     def _completion_prompt(self, req: CompletionRequest) -> list[int]:
@@ -414,7 +544,13 @@ class EngineServer:
         return ids
 
     def _sampling_params(
-        self, req: CompletionRequest | ChatCompletionRequest, n_prompt: int, max_tokens: int | None
+        self,
+        n_prompt: int,
+        max_tokens: int | None,
+        *,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        seed: int | None = None,
     ) -> SamplingParams:
         limit = self.config.max_model_len
         if n_prompt >= limit:
@@ -434,13 +570,11 @@ class EngineServer:
                 f"context length is {limit} tokens and your request has {n_prompt} input tokens "
                 f"({max_tokens} > {limit} - {n_prompt}).",
             )
-        if not 0 <= req.min_tokens <= max_tokens:
+        if not 0 <= min_tokens <= max_tokens:
             raise HTTPError(
-                400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {req.min_tokens}."
+                400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {min_tokens}."
             )
-        return SamplingParams(
-            max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, seed=req.seed
-        )
+        return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, seed=seed)
 
     def _pick_driver(self, request: web.Request) -> RankDriver:
         header = request.headers.get(DP_RANK_HEADER)
@@ -477,6 +611,14 @@ class EngineServer:
             if driver.mode is FaultMode.CUT_STREAMS:
                 return _cut(request, web.Response(status=500))
         text = "".join(gen.text)
+        if prepared.kind == "messages":
+            tokens = self._token_usage(prepared, gen)
+            model = self.config.model_name
+            return _json(anthropic.message_body(stream.request_id, model, text, gen.finish_reason, tokens))
+        if prepared.kind == "responses":
+            shape = self._response_shape(prepared, stream)
+            item = responses.message_item(self._item_id(stream), text)
+            return _json(shape.body([item], gen.finish_reason, self._token_usage(prepared, gen)))
         usage = self._usage(prepared, len(gen.token_ids), gen.num_cached_tokens)
         base = {"id": stream.request_id, "created": int(time.time()), "model": self.config.model_name}
         if prepared.kind == "completion":
@@ -488,6 +630,56 @@ class EngineServer:
             obj = "chat.completion"
         choice |= {"finish_reason": gen.finish_reason, "stop_reason": None}
         return _json({**base, "object": obj, "choices": [choice], "usage": usage})
+
+    def _token_usage(self, prepared: _Prepared, gen: _Generated) -> TokenUsage:
+        n_prompt, block_size = len(prepared.prompt), self.config.block_size
+        return TokenUsage.of(n_prompt, gen.num_cached_tokens, len(gen.token_ids), block_size)
+
+    def _response_shape(self, prepared: _Prepared, stream: RequestStream) -> responses.ResponseShape:
+        assert prepared.responses_request is not None
+        return responses.ResponseShape(
+            prepared.responses_request,
+            stream.request_id,
+            self.config.model_name,
+            int(time.time()),
+            prepared.params.max_tokens,
+        )
+
+    @staticmethod
+    def _item_id(stream: RequestStream) -> str:
+        return "msg_" + stream.request_id.removeprefix("resp_")
+
+    def _event_stream(self, prepared: _Prepared, stream: RequestStream) -> _EventStream:
+        if prepared.kind == "messages":
+            return anthropic.MessageStream(stream.request_id, self.config.model_name, len(prepared.prompt))
+        return responses.ResponseStream(self._response_shape(prepared, stream), self._item_id(stream))
+
+    async def _stream_events(
+        self,
+        request: web.Request,
+        driver: RankDriver,
+        stream: RequestStream,
+        prepared: _Prepared,
+        events: _EventStream,
+    ) -> web.StreamResponse:
+        """A Messages or Responses stream: named SSE events, one write per engine step's tokens."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(batch: list[tuple[str, dict[str, Any]]]) -> None:
+            if batch:
+                await resp.write(b"".join(_sse_event(name, data) for name, data in batch))
+
+        await send(events.head())
+        gen = _Generated()
+        while gen.finish_reason is None:
+            out = await stream.queue.get()
+            await send(events.tokens("".join(self._absorb(gen, out))))
+            if driver.mode is FaultMode.CUT_STREAMS:
+                return _cut(request, resp)
+        await send(events.finish(gen.finish_reason, self._token_usage(prepared, gen)))
+        await resp.write_eof()
+        return resp
 
     def _absorb(self, gen: _Generated, out: RequestOutput) -> list[str]:
         texts = [self.tokenizer.token_text(t) for t in out.new_token_ids]
@@ -594,15 +786,11 @@ class EngineServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         req = self._parse(TokenizeRequest, await self._read_body(request))
         if req.messages is not None:
-            try:
-                text = render_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
-            except ChatTemplateError as exc:
-                raise HTTPError(400, str(exc)) from exc
+            ids = self._chat_prompt(req.messages, req.tools, add_generation_prompt=req.add_generation_prompt)
         elif req.prompt is not None:
-            text = req.prompt
+            ids = self.tokenizer.encode(req.prompt)
         else:
             raise HTTPError(400, "Either prompt or messages must be provided")
-        ids = self.tokenizer.encode(text)
         return _json(
             {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None}
         )
