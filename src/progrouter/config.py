@@ -231,6 +231,9 @@ class ProgramSchedulingConfig(_Strict):
     # Beyond the spec (docs/scheduler.md): a Rank whose statistics windows are incomplete fits its acting
     # TTL to every Rank's samples together, and may take part in cross-Rank moves once those fill one window.
     stats_warmup: StatsWarmup = StatsWarmup.SPEC
+    # Beyond the spec (docs/identity.md): under `auto`, after the spec's sources, the session the harnesses
+    # really send — Claude Code's metadata.user_id, OpenCode's x-opencode-session, Codex CLI's session_id.
+    identity_extensions: bool = False
 
     @field_validator(
         "weighed_ttl_max_seconds",
@@ -293,6 +296,8 @@ class ProgramSchedulingConfig(_Strict):
         ):
             raise ValueError("binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank")
         self._check_kv_event_sources()
+        if self.identity_extensions and self.program_scheduling_enable_key is not EnableKey.AUTO:
+            raise ValueError("identity_extensions requires program_scheduling_enable_key auto")
         return self
 
     def _check_kv_event_sources(self) -> None:

@@ -26,6 +26,5 @@ def test_order_is_reading_order() -> None:
     body = {
         "system": [{"text": "sys"}],
         "messages": [{"role": "user", "content": ["a", {"content": ["b", {"text": "c"}]}, "d"]}],
-        "prompt": "p",
     }
-    assert routing_text(body) == "sys\nuser\na\nb\nc\nd\np"
+    assert routing_text(body) == "sys\nuser\na\nb\nc\nd"

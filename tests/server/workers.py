@@ -2,9 +2,11 @@
 
 The request body's ``test_mode`` picks the behaviour: ``echo`` (default), ``sse`` (one chunk, then wait for
 ``release``, then the rest), ``slow`` (never answers), ``status:<code>``, ``break`` (one SSE chunk, then the
-connection drops). A worker can also be scripted regardless of the body: ``script`` is a list of modes
-used up one per request (e.g. ``["status:500"] * 3`` fails the first three, ``"close"`` drops the
-connection without an answer), and ``mode`` is the mode once the script is used up.
+connection drops), ``canned`` (the stream ``canned`` holds, chunk by chunk, then its end), ``canned_cut``
+(the same chunks, then the connection drops), ``canned_json`` (``canned_json`` as the JSON answer). A worker
+can also be scripted regardless of the body: ``script`` is a list of modes used up one per request (e.g.
+``["status:500"] * 3`` fails the first three, ``"close"`` drops the connection without an answer), and
+``mode`` is the mode once the script is used up.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class FakeWorker:
         self.health_checks = 0
         self.script: list[str] = []
         self.mode: str | None = None
+        self.canned: list[bytes] = []  # the chunks of a canned stream (an Anthropic or Responses SSE, say)
+        self.canned_json: dict[str, Any] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -79,6 +83,21 @@ class FakeWorker:
             if mode.startswith("status:"):
                 code = int(mode.split(":")[1])
                 return web.json_response({"worker": self.name, "status": code}, status=code)
+            if mode == "canned_json":
+                return web.json_response(self.canned_json, headers={"X-Worker": self.name})
+            if mode in ("canned", "canned_cut"):
+                resp = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "X-Worker": self.name}
+                )
+                await resp.prepare(request)
+                for chunk in self.canned:
+                    await resp.write(chunk)
+                if mode == "canned_cut":
+                    assert request.transport is not None
+                    request.transport.close()
+                    return resp
+                await resp.write_eof()
+                return resp
             if mode in ("sse", "break"):
                 resp = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "X-Worker": self.name}

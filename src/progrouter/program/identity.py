@@ -7,6 +7,12 @@ header schema (Claude Code, Codex/OpenCode, generic ``x-session-id``) — and ne
 but malformed is an ``InvalidIdentity`` (HTTP 400) carrying upstream's reason; anything unrecognised is
 ``None`` (native path).
 
+Beyond the spec, and only with ``identity_extensions`` (under ``auto``): when none of the spec's sources is
+present, what the harnesses really send names the session — Claude Code's ``metadata.user_id`` (a JSON
+string with ``session_id``, or the older ``user_<hash>_account_<uuid>_session_<uuid>``), OpenCode's
+``x-opencode-session`` header, Codex CLI's ``session_id`` header (with ``x-openai-subagent``). Each derives
+an identity exactly as a spec header schema does; the spec's own sources always win.
+
 Rules that fence this module in: it is sans-I/O and stateless (it only remembers what a context string derives
 to, a pure function of the string). ``step_id`` is returned as sent (``None`` when omitted); numbering
 omitted steps needs per-Program memory and belongs to the scheduler.
@@ -39,6 +45,12 @@ CLAUDE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
 CODEX_SESSION_HEADER = "session-id"
 CODEX_THREAD_HEADER = "thread-id"
 GENERIC_SESSION_HEADER = "x-session-id"
+# Beyond the spec (``identity_extensions``): the headers the harnesses send themselves.
+OPENCODE_SESSION_HEADER = "x-opencode-session"
+CODEX_CLI_SESSION_HEADER = "session_id"
+CODEX_CLI_SUBAGENT_HEADER = "x-openai-subagent"
+SOURCE_CLAUDE_METADATA = "metadata:claude_code"
+_LEGACY_USER_ID_SESSION = "_session_"
 
 SOURCE_AGENTIC_CONTEXT = "agentic_context"
 SOURCE_AGENT_HINT = "agent_hint"
@@ -58,8 +70,16 @@ HEADER_SCHEMAS: tuple[_HeaderSchema, ...] = (
     _HeaderSchema("codex", CODEX_SESSION_HEADER, CODEX_THREAD_HEADER, None),
     _HeaderSchema("generic", GENERIC_SESSION_HEADER, None, None),
 )
+# Beyond the spec, tried in this order after the spec's sources (``identity_extensions``).
+EXTENSION_SCHEMAS: tuple[_HeaderSchema, ...] = (
+    _HeaderSchema("opencode", OPENCODE_SESSION_HEADER, None, None),
+    _HeaderSchema("codex_cli", CODEX_CLI_SESSION_HEADER, CODEX_CLI_SUBAGENT_HEADER, None),
+)
 _SCHEMA_HEADERS = frozenset(
-    name for s in HEADER_SCHEMAS for name in (s.session, s.agent, s.parent) if name is not None
+    name
+    for s in HEADER_SCHEMAS + EXTENSION_SCHEMAS
+    for name in (s.session, s.agent, s.parent)
+    if name is not None
 )
 # Session headers that make the placement hash key agree with native consistent-hash routing.
 _PLACEMENT_SESSION_HEADERS = (CLAUDE_SESSION_HEADER, CODEX_SESSION_HEADER, GENERIC_SESSION_HEADER)
@@ -119,11 +139,13 @@ def extract_identity(
     *,
     raw_body: bytes | None = None,
     model_pool: str | None = None,
+    extensions: bool = False,
 ) -> IdentityResult | None:
     """Resolve the request's Program identity, or None when it takes the native (identity-free) path.
 
     ``raw_body`` feeds the native hash key fallback (re-serialised from ``body`` when omitted);
-    ``model_pool`` is only bounds-checked here, as upstream persists it with the identity.
+    ``model_pool`` is only bounds-checked here, as upstream persists it with the identity; ``extensions``
+    (under ``auto`` only) adds the harness sources beyond the spec after the spec's own.
     Raises ``InvalidIdentity`` for a recognised but malformed identity.
     """
     if type(enable_key) is not EnableKey:
@@ -148,6 +170,8 @@ def extract_identity(
         resolved = _canonical_identity(canonical, lowered, hash_key)
     else:
         resolved = _agent_hint_identity(request, hash_key) or _header_identity(lowered, hash_key)
+        if resolved is None and extensions and enable_key is EnableKey.AUTO:
+            resolved = _extension_identity(request, lowered, model_pool)
     if resolved is None:
         return None
     identity, hints = resolved
@@ -371,7 +395,14 @@ def _header_identity(
     headers: Mapping[str, str], hash_key: Callable[[], str]
 ) -> tuple[ProgramIdentity, RequestHints] | None:
     """Identity from one framework header schema alone (``auto`` only)."""
-    framework = _framework_headers(headers)
+    return _session_identity(_framework_headers(headers), hash_key)
+
+
+def _session_identity(
+    framework: _FrameworkHeaders, hash_key: Callable[[], str]
+) -> tuple[ProgramIdentity, RequestHints] | None:
+    """The identity one session (with its actor and parent actor) names: the derivation every header
+    schema shares, spec or extension."""
     session = framework.session
     if session is None:
         return None
@@ -397,10 +428,77 @@ def _header_identity(
         blocks_parent=not is_lead,
         # Codex ``thread-id=worker`` is a worker thread that is not expected to come back.
         expected_resume=is_lead,
-        source=f"header:{framework.schema}",
+        source=framework.schema
+        if framework.schema == SOURCE_CLAUDE_METADATA
+        else f"header:{framework.schema}",
     )
     _check_late_bounds(identity)
     return identity, RequestHints()
+
+
+def _extension_identity(
+    request: Mapping[str, Any] | None, headers: Mapping[str, str], model_pool: str | None
+) -> tuple[ProgramIdentity, RequestHints] | None:
+    """Beyond the spec: the session the harness itself names, when no spec source is present — Claude
+    Code's ``metadata.user_id`` (with its agent headers), else the first extension header schema present.
+    The placement hash key is the session's own, so all of a session's Programs share one."""
+    session = _claude_metadata_session(request)
+    if session is not None:
+        framework = _FrameworkHeaders(
+            SOURCE_CLAUDE_METADATA,
+            session,
+            _header_value(headers, CLAUDE_AGENT_HEADER),
+            _header_value(headers, CLAUDE_PARENT_AGENT_HEADER),
+        )
+        key = f"metadata.user_id:session:{session}"
+    else:
+        framework = _NO_FRAMEWORK
+        key = ""
+        for schema in EXTENSION_SCHEMAS:
+            value = _header_value(headers, schema.session)
+            if value is not None:
+                agent = _header_value(headers, schema.agent) if schema.agent else None
+                framework = _FrameworkHeaders(schema.name, value, agent, None)
+                key = f"header:{schema.session}:{value}"
+                break
+        if framework.session is None:
+            return None
+
+    def hash_key() -> str:
+        if model_pool is not None:
+            _check_bounds((("model pool", model_pool),))
+        if _too_long(key, MAX_PLACEMENT_HASH_KEY_BYTES):
+            raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
+        return key
+
+    return _session_identity(framework, hash_key)
+
+
+def _claude_metadata_session(request: Mapping[str, Any] | None) -> str | None:
+    """The session id Claude Code's ``metadata.user_id`` carries, or None when it carries none we know:
+    a JSON object string with ``session_id``, or ``user_<hash>_account_<uuid>_session_<uuid>``. The field
+    is the client's own (any Messages client may set it), so a value of another form is not an error."""
+    metadata = request.get("metadata") if request is not None else None
+    if metadata is None or not is_mapping(metadata):
+        return None
+    user_id = metadata.get("user_id")
+    if not isinstance(user_id, str) or _too_long(user_id, MAX_AGENTIC_CONTEXT_BYTES):
+        return None
+    text = user_id.strip()
+    if text.startswith("{"):
+        try:
+            decoded = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        session = decoded.get("session_id") if is_mapping(decoded) else None
+        if not isinstance(session, str):
+            return None
+        return session.strip() or None
+    if text.startswith("user_"):
+        _head, found, session = text.rpartition(_LEGACY_USER_ID_SESSION)
+        if found and session and all(ch in "0123456789abcdefABCDEF-" for ch in session):
+            return session
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- headers

@@ -6,9 +6,11 @@ keeps a tokens-per-byte coefficient, starting at 0.25, applied to the bytes of t
 body and corrected after each successful completion from the ``usage.prompt_tokens`` the backend reports:
 ``new = 0.9 · old + 0.1 · clamp(actual / bytes, 0.01, 4)``.
 
-Measuring only the prompt-bearing fields (messages, prompt, input, system, instructions, tools, text) keeps
-sampling knobs, ``stream_options`` and the identity envelope out of the estimate, so the coefficient tracks
-the chat template's real expansion. Sans-I/O; metrics go through a ``SchedulerObserver``.
+Measuring only the prompt-bearing fields of the body's shape (``routing.request_text.prompt_sections``: chat
+and Messages system + tools + messages, Responses instructions + tools + input, completions prompt, generate
+text) keeps sampling knobs, ``stream_options``, ``metadata`` and the identity envelope out of the estimate, so
+the coefficient tracks the chat template's real expansion. Sans-I/O; metrics go through a
+``SchedulerObserver``.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ from typing import Any, NamedTuple
 import orjson
 
 from progrouter.program.observer import NullObserver, SchedulerObserver
+from progrouter.routing.request_text import prompt_sections
 
 DEFAULT_TOKENS_PER_BYTE = 0.25
 MOMENTUM = 0.9
 MIN_TOKENS_PER_BYTE = 0.01
 MAX_TOKENS_PER_BYTE = 4.0
-
-PROMPT_FIELDS: tuple[str, ...] = ("system", "instructions", "tools", "messages", "prompt", "input", "text")
 
 
 def prompt_bytes(body: Mapping[str, Any] | None, raw_body: bytes) -> int:
@@ -34,8 +35,7 @@ def prompt_bytes(body: Mapping[str, Any] | None, raw_body: bytes) -> int:
     if body is None:
         return len(raw_body)
     total = 0
-    for key in PROMPT_FIELDS:
-        value = body.get(key)
+    for _kind, value in prompt_sections(body):
         if value is None:
             continue
         if isinstance(value, str):

@@ -6,6 +6,12 @@ object a backend returns. It may sit at ``usage`` (OpenAI chat/completions, Anth
 Anthropic shape. Anthropic splits the prompt into uncached input, cache reads and cache writes, so the prompt
 is their sum (10 + 30 + 20 → 60), never counted twice. Streams repeat usage; values merge monotonically.
 
+Three SSE dialects end differently, and the accumulator knows each end (``done``): chat and completions with
+``data: [DONE]``; Anthropic Messages with the ``message_stop`` event (usage came in ``message_start`` and
+``message_delta``); OpenAI Responses with ``response.completed`` (or ``response.incomplete`` /
+``response.failed``), whose data line carries the usage. A stream cut before its end keeps whatever usage
+went by (none, or ``message_start``'s prompt alone); the ticket completes once with that.
+
 Sans-I/O: the SSE accumulator is fed raw byte chunks as they are forwarded and an explicit ``now``.
 """
 
@@ -22,6 +28,11 @@ from progrouter.routing.hash_key import is_mapping
 MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024
 _USAGE_MARKER = b'"usage"'
 _DONE_MARKER = b"[DONE]"
+_EVENT_PREFIX = b"event:"
+# Events after which a stream says nothing more (Anthropic Messages, OpenAI Responses).
+_TERMINAL_EVENTS = frozenset(
+    {b"message_stop", b"response.completed", b"response.incomplete", b"response.failed"}
+)
 _CACHE_READ_KEYS = ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens")
 # Objects whose own ``usage`` counts too: Anthropic's message_start, OpenAI Responses events.
 _NESTING_KEYS = ("message", "response")
@@ -106,14 +117,15 @@ class SseUsageAccumulator:
     long token stream is a byte search per line.
     """
 
-    __slots__ = ("_buffer", "_skipping", "done", "first_output_at", "usage")
+    __slots__ = ("_buffer", "_ending", "_skipping", "done", "first_output_at", "usage")
 
     def __init__(self) -> None:
         self.usage = UsageObservation()
         self.first_output_at: float | None = None
-        self.done = False  # the stream's ``data: [DONE]`` went by: the worker has said all it will say
+        self.done = False  # the stream's end went by (see the module): the worker has said all it will say
         self._buffer = bytearray()
         self._skipping = False  # inside an oversized line: drop bytes until its newline
+        self._ending = False  # the last ``event:`` line named a terminal event: its data line ends the stream
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Take the next forwarded chunk; ``now`` stamps the first non-empty one (decode start)."""
@@ -154,8 +166,11 @@ class SseUsageAccumulator:
         return None if self.first_output_at is None else max(0.0, now - self.first_output_at)
 
     def _line(self, line: bytes) -> None:
+        if line.startswith(_EVENT_PREFIX):
+            self._ending = line[6:].strip() in _TERMINAL_EVENTS
+            return
         if _USAGE_MARKER not in line:
-            if _DONE_MARKER in line and line.strip().removeprefix(b"data:").strip() == b"[DONE]":
+            if (self._ending and line.startswith(b"data:")) or _is_done_line(line):
                 self.done = True
             return
         line = line.strip()
@@ -164,7 +179,15 @@ class SseUsageAccumulator:
         data = line[5:].strip()
         if not data or data == b"[DONE]":
             return
-        try:
+        try:  # not contextlib.suppress: a context manager per usage line costs more than the parse
             merge_usage_from_value(self.usage, orjson.loads(data))
         except orjson.JSONDecodeError:
             return
+        finally:
+            if self._ending:
+                self.done = True  # after its usage is in: the ticket may be finished once ``done`` is seen
+
+
+def _is_done_line(line: bytes) -> bool:
+    """``data: [DONE]``, the end of a chat or completions stream."""
+    return _DONE_MARKER in line and line.strip().removeprefix(b"data:").strip() == b"[DONE]"

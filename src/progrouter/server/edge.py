@@ -1,6 +1,7 @@
 """The client edge: every request goes through the router's checks, in order, whichever server carries it.
 
-1. a request id (``request_id``), on the context for every log line and echoed on the response;
+1. a request id (``request_id``), on the context for every log line and echoed on the response, and the
+   error shape of its API (``errors.ERROR_SHAPE``), so every refusal below answers in that API's shape;
 2. aiohttp's own ``HTTPException``s answered in the JSON error shape (``errors``), for all that follows;
 3. headers holding CR, LF or NUL refused (``headers``);
 4. unknown callers refused, and the ``Authorization`` a worker sees set (``auth``);
@@ -28,7 +29,7 @@ from progrouter.server.auth import AccessPolicy, screen, screened
 from progrouter.server.connection import body_reader
 from progrouter.server.cors import Cors, install_cors
 from progrouter.server.drain import answered_in_drain, drain_exempt, drain_refusal
-from progrouter.server.errors import http_error
+from progrouter.server.errors import ERROR_SHAPE, ErrorShape, http_error, shape_for
 from progrouter.server.exchange import Answer, Inbound
 from progrouter.server.headers import header_refusal
 from progrouter.server.request_id import HEADER, REQUEST_ID, header_names, pick_request_id
@@ -98,6 +99,8 @@ def install_edge(app: web.Application, config: RouterConfig, state: RouterState)
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         rid = request[_ID_KEY] = edge.request_id(request)
         token = REQUEST_ID.set(rid)
+        shape = shape_for(request.path)
+        shape_token = None if shape is ErrorShape.OPENAI else ERROR_SHAPE.set(shape)
         try:
 
             async def route(headers: CIMultiDict[str] | None) -> Answer:
@@ -112,6 +115,8 @@ def install_edge(app: web.Application, config: RouterConfig, state: RouterState)
             return http_error(exc)
         finally:
             REQUEST_ID.reset(token)
+            if shape_token is not None:
+                ERROR_SHAPE.reset(shape_token)
 
     async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
         edge.decorate(response.headers, request.headers, request.get(_ID_KEY))

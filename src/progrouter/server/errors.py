@@ -1,11 +1,17 @@
-"""JSON error bodies in the OpenAI shape, so clients of any worker parse router errors the same way.
+"""JSON error bodies in the shape of the API the client speaks, so it parses router errors as a worker's.
 
-Every refusal the router makes uses this shape — handler errors, aiohttp's own ``HTTPException``s (through
-``http_error``) and the answers the connection guard writes before any request exists (``raw_error``).
+Every refusal the router makes uses this module — handler errors, aiohttp's own ``HTTPException``s (through
+``http_error``) and the answers the connection guard writes before any request exists (``raw_error``). The
+shape is OpenAI's ``{"error": {"message", "type", "code"}}`` unless the request being answered is on an
+Anthropic Messages route (``ANTHROPIC_ROUTES``): then it is Anthropic's
+``{"type": "error", "error": {"type", "message"}}``, as vLLM's own Messages routes answer. The edge sets the
+shape per request (``ERROR_SHAPE``) before any check runs, so every refusal of that request agrees.
 """
 
 from __future__ import annotations
 
+import contextvars
+from enum import Enum
 from http import HTTPStatus
 
 import orjson
@@ -25,14 +31,50 @@ _TYPES = {
     503: "service_unavailable",
     504: "gateway_timeout",
 }
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
+class ErrorShape(Enum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+# The shape of the request being answered (a context variable, like the request id: set once per request).
+ERROR_SHAPE: contextvars.ContextVar[ErrorShape] = contextvars.ContextVar(
+    "progrouter_error_shape", default=ErrorShape.OPENAI
+)
+
+
+def shape_for(path: str) -> ErrorShape:
+    """The error shape of a route: Anthropic's on the Messages routes, OpenAI's everywhere else."""
+    return ErrorShape.ANTHROPIC if path in ANTHROPIC_ROUTES else ErrorShape.OPENAI
 
 
 def error_type(status: int) -> str:
     return _TYPES.get(status, "internal_error" if status >= 500 else "invalid_request_error")
 
 
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
 def error_body(status: int, message: str) -> bytes:
-    """``{"error": {"message", "type", "code"}}``."""
+    """``{"error": {"message", "type", "code"}}``, or Anthropic's ``{"type": "error", "error": {"type",
+    "message"}}`` while a Messages request is answered."""
+    if ERROR_SHAPE.get() is ErrorShape.ANTHROPIC:
+        return orjson.dumps(
+            {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+        )
     return orjson.dumps({"error": {"message": message, "type": error_type(status), "code": status}})
 
 

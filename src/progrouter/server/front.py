@@ -1,14 +1,15 @@
 """The front door: the hot proxied routes served below aiohttp's web layer, everything else by aiohttp.
 
 One listening socket; each connection starts with a ``FrontConnection``. It reads each request head and,
-when the request is plain — ``POST`` to a route of ``proxy.PROXIED_ROUTES`` (no query), ``HTTP/1.1``, a
+when the request is plain — ``POST`` to a route of ``proxy.PROXIED_ROUTES`` (its path exactly; a query string,
+as Claude Code's ``/v1/messages?beta=true``, is forwarded as sent), ``HTTP/1.1``, a
 ``Content-Length`` body within ``max_payload_size``, no ``Transfer-Encoding``, ``Expect``, ``Upgrade`` or
 ``Content-Encoding``, and the whole head in the buffer — serves it itself: aiohttp's C parser checks the head
 (one HTTP grammar for both servers), the edge's checks run as ``Edge.admit`` (the same function aiohttp's
 middleware calls), the proxy as ``proxy_request`` (the same function aiohttp's route handler calls), and the
 answer is written straight to the transport: a fixed-length body, or a chunked stream with back-pressure.
 
-Anything else (other routes and methods, query strings, chunked or ``Expect: 100-continue`` uploads, HTTP/1.0,
+Anything else (other routes and methods, chunked or ``Expect: 100-continue`` uploads, HTTP/1.0,
 WebSockets, a head split over reads, anything the parser refuses) is handed over, with the bytes already
 read, to aiohttp's own protocol (``connection.GuardedHandler``) for the rest of the connection: that is the
 rule, "what is not plainly hot goes to the server that handles everything". Hand-over happens only between
@@ -45,7 +46,7 @@ from progrouter.server.connection import (
     body_timed_out,
 )
 from progrouter.server.edge import EDGE_KEY, Edge
-from progrouter.server.errors import json_error, raw_error
+from progrouter.server.errors import ANTHROPIC_ROUTES, ERROR_SHAPE, ErrorShape, json_error, raw_error
 from progrouter.server.exchange import Answer, Stream
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, Proxy, proxy_request
 from progrouter.server.request_id import REQUEST_ID
@@ -127,8 +128,8 @@ class FrontRequest:
     def __init__(self, connection: FrontConnection, message: object, length: int) -> None:
         self._connection = connection
         self.method: str = message.method  # type: ignore[attr-defined]
-        self.path: str = message.path  # type: ignore[attr-defined]
-        self.path_qs = self.path
+        self.path_qs: str = message.path  # type: ignore[attr-defined]  # the request target as sent
+        self.path = self.path_qs.partition("?")[0]
         self.headers: CIMultiDictProxy[str] = message.headers  # type: ignore[attr-defined]
         self.raw_headers: tuple[tuple[bytes, bytes], ...] = message.raw_headers  # type: ignore[attr-defined]
         self.keep_alive = not message.should_close  # type: ignore[attr-defined]
@@ -270,7 +271,7 @@ class FrontConnection(asyncio.Protocol):
         lowered = head.lower()
         plain = len(line) == 3 and line[2] == b"HTTP/1.1"
         plain = plain and _HANDED_OVER_FIELDS.search(lowered) is None
-        if not plain or line[0] != b"POST" or line[1] not in HOT_TARGETS:
+        if not plain or line[0] != b"POST" or line[1].partition(b"?")[0] not in HOT_TARGETS:
             if (
                 plain
                 and line[0] in _LENT_METHODS
@@ -348,6 +349,8 @@ class FrontConnection(asyncio.Protocol):
         edge = door.edge
         rid = edge.request_id(request)
         REQUEST_ID.set(rid)  # this task's own context
+        if request.path in ANTHROPIC_ROUTES:
+            ERROR_SHAPE.set(ErrorShape.ANTHROPIC)
         keep_alive = request.keep_alive
 
         async def route(headers: CIMultiDict[str] | None) -> Answer:

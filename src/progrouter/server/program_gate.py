@@ -215,6 +215,7 @@ class ProgramGate:
             self.config.program_scheduling_enable_key,
             raw_body=raw_body,
             model_pool=pool,
+            extensions=self.config.identity_extensions,
         )
         if found is None:
             return None

@@ -55,17 +55,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("progrouter.proxy")
 
-# Typed generation routes: their body must be a JSON object (else 400), as upstream's typed handlers enforce.
+# Typed routes: their body must be a JSON object (else 400), as upstream's typed handlers and vLLM enforce.
 JSON_ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
         "/v1/messages",
+        "/v1/messages/count_tokens",
         "/generate",
         "/inference/v1/generate",
     }
 )
+# Routes that generate nothing and hold no KV: proxied natively, never scheduled as a Program request (no
+# admission, no charge, no Program), whatever identity they carry: a harness counts tokens with the same
+# session headers as the conversation it is sizing.
+UNSCHEDULED_ROUTES = frozenset({"/v1/messages/count_tokens"})
 # Every POST route the router forwards: vLLM's inference surface, and nothing that changes a worker's state.
 PROXIED_ROUTES = JSON_ROUTES | {
     "/v1/embeddings",
@@ -473,7 +478,8 @@ async def _proxy(call: _Call) -> Answer:
 
     body: Mapping[str, Any] | None = None
     json_route = call.route in JSON_ROUTES
-    if json_route or state.policy.needs_body or state.gate is not None:
+    gate = None if call.route in UNSCHEDULED_ROUTES else state.gate
+    if json_route or state.policy.needs_body or gate is not None:
         try:
             parsed: Any = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
@@ -492,7 +498,7 @@ async def _proxy(call: _Call) -> Answer:
 
     try:
         first: ProgramTicket | None = None
-        if state.gate is not None:
+        if gate is not None:
             asked = time.perf_counter()
             try:
                 first = await _acquire(call, body)
