@@ -28,6 +28,12 @@ from .helpers import CAPACITY, ENGINE_DEFAULTS, MODEL, programs, wait_until
 BLOCK = 16
 SYSTEM = list(range(8))  # 128 tokens of system prompt every session shares
 TIME_SCALE = float(ENGINE_DEFAULTS["time_scale"])
+#: The last event of each API's stream.
+STREAM_END = {
+    "messages": b'"type":"message_stop"}',
+    "responses": b'"type":"response.completed"}',
+    "chat-session": b"data: [DONE]",
+}
 
 
 def program_config(**overrides: Any) -> dict[str, Any]:
@@ -75,7 +81,8 @@ def expected_key(api: ApiName, task: TraceTask, program: TraceProgram) -> tuple[
     if api == "chat-session":  # a subagent is a session of its own, with no agent header
         item = RenderInput(task, program, 0, program.requests[0], "")
         return redact(session_id(item)), None
-    return redact(task.task_id), redact(program.agent_id)
+    lead = program.parent_program_id is None  # a lead sends no agent header
+    return redact(task.task_id), None if lead else redact(program.agent_id)
 
 
 def listed_key(entry: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -120,8 +127,8 @@ async def sessions_become_programs_on_one_rank_with_cache_hits(
         lambda d: all(r["router_in_flight_requests"] == 0 for r in d["ranks"]),
     )
     listed = programs(d)
-    expected = sorted(expected_key(api, task, p) for task in trace.tasks for p in task.programs)
-    assert sorted(listed_key(e) for e in listed) == expected, listed
+    expected = sorted((expected_key(api, task, p) for task in trace.tasks for p in task.programs), key=repr)
+    assert sorted((listed_key(e) for e in listed), key=repr) == expected, listed
     for entry in listed:
         assert entry["home_target"] == entry["last_target"]  # every turn went to the one Rank
         assert sum(entry in r["programs"] for r in d["ranks"]) == 1
@@ -183,6 +190,10 @@ async def answers_match_the_engine(
                 [rank] = [str(r["dp_rank"]) for r in d["ranks"] if r["programs"]]
             direct_headers = {**rendered.headers, "X-data-parallel-rank": rank}
             direct = await _post(client, twin.url + rendered.path, direct_headers, body)
+            if stream:
+                assert via.rstrip().endswith(STREAM_END[api]), via[-200:]
+            else:
+                assert orjson.loads(via)["usage"]
             assert _normalised(via) == _normalised(direct), (api, step, stream)
 
 
