@@ -207,3 +207,27 @@ async def _post(client: aiohttp.ClientSession, url: str, headers: Mapping[str, s
 def _normalised(raw: bytes) -> bytes:
     """The answer with every ``created``/``created_at`` timestamp zeroed (the only wall-clock field)."""
     return re.sub(rb'"(created|created_at)":\s*\d+', rb'"\1":0', raw)
+
+
+async def body_session_becomes_a_program_with_identity_extensions(
+    api: ApiName,
+    drop: str,
+    make_engine: EngineFactory,
+    make_router: RouterFactory,
+    client: aiohttp.ClientSession,
+) -> None:
+    """Beyond the spec: without its spec session header (``drop``), a harness's turns still become one
+    Program under ``identity_extensions`` from what else the harness sends (Claude Code's
+    ``metadata.user_id``), and none without it."""
+    trace = session_trace(1, turns=2, subagent=False)
+    task = trace.tasks[0]
+    for extensions in (False, True):
+        fleet = await start(make_engine, make_router, identity_extensions=extensions)
+        client_api = make_client(api, trace, PromptBuilder(trace), MODEL)
+        for step, request in enumerate(task.lead.requests):
+            rendered = client_api.render(RenderInput(task, task.lead, step, request, f"r{step}"))
+            headers = {k: v for k, v in rendered.headers.items() if k.lower() != drop.lower()}
+            await _post(client, fleet.router.url + rendered.path, headers, orjson.loads(rendered.body))
+        d = await diagnostics(client, fleet.router)
+        keys = [listed_key(e) for e in programs(d)]
+        assert keys == ([(redact(task.task_id), None)] if extensions else []), (extensions, keys)

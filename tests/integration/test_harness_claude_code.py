@@ -30,3 +30,11 @@ async def test_claude_code_answers_match_the_engine(
     make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     await harness.answers_match_the_engine(API, make_engine, make_router, client)
+
+
+async def test_claude_code_metadata_session_is_a_program_only_with_identity_extensions(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.body_session_becomes_a_program_with_identity_extensions(
+        API, "X-Claude-Code-Session-Id", make_engine, make_router, client
+    )
