@@ -14,6 +14,9 @@ Arms (``ARMS``):
 - ``oracle``: native on engines whose KV never runs out (the floor Program scheduling can approach);
 - ``upstream``: the ``vllm-router`` PyPI package with ``--enable-program-scheduling`` and the same JSON.
 
+With ``--api messages``, ``responses`` or ``chat-session`` the replay sends identity only in the harness's
+headers, so the Program arms run with enable key ``auto`` unless the config names one.
+
 Time compression: the emulator runs ``time_scale`` times faster than modelled time, the replay waits gaps
 divided by it, and the router's time-valued config (intervals, timeouts, TTL caps and the cost-model
 coefficients) is divided by it too, so the router reasons in the wall seconds it observes. Reported figures
@@ -37,6 +40,7 @@ import orjson
 from rich.console import Console
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.workload.apis.base import HEADER_IDENTITY_APIS
 from progrouter.workload.arms import (
     ARMS,
     ArmSpec,
@@ -73,6 +77,7 @@ COST_FIELDS = {
     ),
 }
 UPSTREAM_BINARY = "vllm-router"
+ENABLE_KEY_FIELDS = frozenset({"enable_key", "program_scheduling_enable_key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,8 @@ class Bench:
             argv += ["--api-key", "progrouter-bench"]  # upstream insists on one with DP > 1; any value
         if arm.program:
             cfg = dict(self.plan.program_config)
+            if self.plan.replay.api in HEADER_IDENTITY_APIS and not ENABLE_KEY_FIELDS & cfg.keys():
+                cfg["enable_key"] = "auto"  # the harness shapes carry identity only in headers
             if arm.binding_only:
                 cfg["binding_only"] = True
             if arm.residency:

@@ -237,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     if "upstream" in plan.arms and upstream_binary(plan.upstream_binary) is None:
         console.print("upstream arm skipped: vllm-router is not installed")
     console.print(
-        f"trace: {len(trace.tasks)} tasks, {trace.num_requests} requests; report in {plan.report_dir}"
+        f"trace: {len(trace.tasks)} tasks, {trace.num_requests} requests; API {plan.replay.api}; "
+        f"report in {plan.report_dir}"
     )
     return execute(plan, console)

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from progrouter.config import PrefillCostModel, ProgramSchedulingConfig
 from progrouter.engine.profiles import BUILTIN, load_profile
+from progrouter.workload.apis import API_NAMES
 from progrouter.workload.arms import EngineFleet
 from progrouter.workload.bench import BenchPlan, upstream_binary
 from progrouter.workload.bench_cli import execute, with_engine_profile
@@ -91,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"step costs of the emulators and the Program arm ({', '.join(BUILTIN)} or a calibration.json); "
         "the demo keeps its own KV size",
     )
+    parser.add_argument(
+        "--api",
+        choices=list(API_NAMES),
+        default="completions",
+        help="the replay's API shape (as `progrouter bench --api`); messages and responses send identity in "
+        "Claude Code's or Codex's headers, and the program arm reads it with enable key auto",
+    )
     parser.add_argument("--no-upstream", action="store_true", help="skip the vllm-router arm")
     parser.add_argument("--upstream-binary", default=None, help="path of vllm-router (default: on PATH)")
 
@@ -150,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         f"time compressed {fleet.time_scale:g}x\n"
         f"reuse check: {100 * (reuse['share_below_impact'] or 0):.0f}% of tool gaps are shorter than the "
         f"cache-miss impact of their context ({reuse['verdict']})\n"
-        f"arms: {', '.join(arms)}; program config: {program}"
+        f"arms: {', '.join(arms)}; API: {args.api}; program config: {program}"
     )
     plan = BenchPlan(
         trace=trace,
@@ -158,12 +166,13 @@ def run(args: argparse.Namespace) -> int:
         fleet=fleet,
         program_config=program,
         report_dir=report_dir,
-        replay=ReplayOptions(url="", max_concurrent_tasks=DEMO_CONCURRENT_TASKS),
+        replay=ReplayOptions(url="", api=args.api, max_concurrent_tasks=DEMO_CONCURRENT_TASKS),
         upstream_binary=args.upstream_binary,
         engine_base_port=DEMO_ENGINE_BASE_PORT,
     )
 
     def conclude(report: dict[str, Any]) -> None:
+        console.print(f"replayed through the {args.api} API", highlight=False)
         for line in verdict(report, report_dir, prefill):
             console.print(line, style="bold", soft_wrap=True, highlight=False)
 

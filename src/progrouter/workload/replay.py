@@ -9,11 +9,12 @@ runs concurrently with everything else; a parent waits for its blocking subagent
 ``time_scale`` compresses time the way the engine emulator's ``--time-scale`` does: a trace gap of *g*
 modelled seconds is waited as *g / time_scale* wall seconds; facts stay in wall seconds and record the scale.
 
-Every request carries its Program identity as ``vllm_xargs.agentic_context`` (a compact JSON string, the form
-stock vLLM accepts) and the task as ``x-session-id`` (what native consistent hashing keys on), streams with
-``include_usage``, and asks for exactly the trace's output tokens (``max_tokens = min_tokens``,
-``ignore_eos``). Stopping (``stop`` set, or the caller cancelling) cancels what is in flight; facts already
-handed to ``sink`` are complete, in-flight requests are reported as ``cancelled``.
+``api`` picks the wire shape (``progrouter.workload.apis``): ``completions`` and ``chat`` carry the Program
+identity as ``vllm_xargs.agentic_context`` and the task as ``x-session-id``; ``messages`` (Claude Code) and
+``responses`` (Codex CLI) send each Program's turns as a conversation with tool calls and carry identity only
+in that harness's headers. Every shape streams and asks for exactly the trace's output tokens. Stopping
+(``stop`` set, or the caller cancelling) cancels what is in flight; facts already handed to ``sink`` are
+complete, in-flight requests are reported as ``cancelled``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
-from progrouter.workload.context import agentic_context
+from progrouter.workload.apis import ApiName, RenderInput, make_client
+from progrouter.workload.apis.base import StreamReader
 from progrouter.workload.facts import Fact
 from progrouter.workload.prompts import PromptBuilder
 from progrouter.workload.trace import Trace, TraceProgram, TraceRequest, TraceTask
 
-Api = Literal["completions", "chat"]
+Api = ApiName
 #: Response headers a router may use to say which Rank served a request (first present wins).
 RANK_HEADERS = ("x-progrouter-rank", "x-data-parallel-rank")
 TARGET_HEADERS = ("x-progrouter-target",)
@@ -92,7 +94,10 @@ class _Replayer:
         self.task_end: dict[str, float] = {}
         self.slots = asyncio.Semaphore(opts.max_concurrent_tasks) if opts.max_concurrent_tasks else None
         hint = opts.kv_retention_hint  # in wall seconds, as the router's config (scaled_program_config)
-        self._hint = None if hint is None else hint / opts.time_scale
+        self.client = make_client(
+            opts.api, trace, self.prompts, self.model,
+            kv_retention_hint=None if hint is None else hint / opts.time_scale,
+        )  # fmt: skip
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -116,6 +121,7 @@ class _Replayer:
             await self.run_program(task, task.lead, start)
         finally:
             self.task_end[task.task_id] = self.now()
+            self.client.forget(task.task_id)
             self.prompts.forget(task.task_id)
 
     async def run_program(self, task: TraceTask, program: TraceProgram, spawned_at: float) -> None:
@@ -148,31 +154,12 @@ class _Replayer:
             for t in running:
                 t.cancel()
 
-    def _body(
-        self, task: TraceTask, program: TraceProgram, step: int, request: TraceRequest, rid: str
-    ) -> bytes:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": request.output_tokens,
-            "min_tokens": request.output_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "vllm_xargs": {"agentic_context": agentic_context(task, program, step, rid, self._hint)},
-        }
-        if self.opts.api == "chat":
-            body["messages"] = [{"role": "user", "content": self.prompts.text(task.task_id, rid, request)}]
-        else:
-            body["prompt"] = self.prompts.token_ids(task.task_id, rid, request)
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-
     async def send(self, task: TraceTask, program: TraceProgram, step: int, request: TraceRequest) -> None:
-        rid = f"{program.program_id}:{step}"
-        path = "/v1/chat/completions" if self.opts.api == "chat" else "/v1/completions"
-        headers = {"content-type": "application/json", "x-session-id": task.task_id, **self.opts.headers}
         ready = self.now()
-        data = self._body(task, program, step, request, rid)
+        rendered = self.client.render(
+            RenderInput(task, program, step, request, f"{program.program_id}:{step}")
+        )
+        headers = _merged(rendered.headers, self.opts.headers)
         fact = Fact.start(
             task,
             program,
@@ -183,7 +170,8 @@ class _Replayer:
             time_scale=self.opts.time_scale,
         )
         try:
-            async with self.session.post(f"{self.opts.url}{path}", data=data, headers=headers) as resp:
+            url = f"{self.opts.url}{rendered.path}"
+            async with self.session.post(url, data=rendered.body, headers=headers) as resp:
                 fact.headers_at = self.now()
                 fact.status_code = resp.status
                 _read_rank(resp.headers, fact)
@@ -191,7 +179,7 @@ class _Replayer:
                     fact.status = "error"
                     fact.error = (await resp.text())[:300]
                 else:
-                    await _read_stream(resp, fact, self.now)
+                    await _read_stream(resp, fact, self.now, self.client.reader())
         except asyncio.CancelledError:
             fact.status = "cancelled"
             fact.finished_at = self.now()
@@ -208,6 +196,12 @@ class _Replayer:
         self.sink(fact)
 
 
+def _merged(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``extra`` on top, header names compared without case (one value per name)."""
+    override = {k.lower() for k in extra}
+    return {**{k: v for k, v in base.items() if k.lower() not in override}, **extra}
+
+
 def _read_rank(headers: Mapping[str, str], fact: Fact) -> None:
     for name in RANK_HEADERS:
         value = headers.get(name)
@@ -221,45 +215,32 @@ def _read_rank(headers: Mapping[str, str], fact: Fact) -> None:
             break
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, fact: Fact, now: Callable[[], float]) -> None:
-    """Consume an SSE completion stream: first-token time, usage, and whether it ended properly."""
-    chunks = 0
-    done = False
+async def _read_stream(
+    resp: aiohttp.ClientResponse, fact: Fact, now: Callable[[], float], reader: StreamReader
+) -> None:
+    """Consume an SSE answer: first-content time, usage, and whether it ended properly."""
     async for raw in resp.content:
         line = raw.strip()
         if not line.startswith(b"data:"):
-            continue
+            continue  # ``event:`` lines repeat the ``type`` every harness event carries
         payload = line[5:].strip()
-        if payload == b"[DONE]":
-            done = True  # keep reading to the end: closing early looks like a client disconnect upstream
-            continue
+        if reader.end_marker(payload):
+            continue  # keep reading to the end: closing early looks like a client disconnect upstream
         obj = orjson.loads(payload)
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("error"):
-            fact.status = "error"
-            fact.error = str(obj["error"])[:300]
-        for choice in obj.get("choices") or []:
-            piece = choice.get("text")
-            if piece is None:
-                piece = (choice.get("delta") or {}).get("content")
-            if piece:
-                chunks += 1
-                if fact.first_token_at is None:
-                    fact.first_token_at = now()
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            fact.prompt_tokens = usage.get("prompt_tokens", fact.prompt_tokens)
-            fact.output_tokens = usage.get("completion_tokens", fact.output_tokens)
-            details = usage.get("prompt_tokens_details") or {}
-            cached = details.get("cached_tokens")
-            if cached is not None:
-                fact.cached_tokens = cached
-    if fact.output_tokens is None and chunks:
-        fact.output_tokens = chunks
-    if not done and fact.status == "ok":
+        if isinstance(obj, dict) and reader.feed(obj) and fact.first_token_at is None:
+            fact.first_token_at = now()
+    usage = reader.usage
+    fact.prompt_tokens = usage.prompt_tokens if usage.prompt_tokens is not None else fact.prompt_tokens
+    fact.output_tokens = usage.output_tokens
+    fact.cached_tokens = usage.cached_tokens
+    if fact.output_tokens is None and reader.content_events:
+        fact.output_tokens = reader.content_events
+    if reader.error is not None:
         fact.status = "error"
-        fact.error = "stream ended without [DONE]"
+        fact.error = reader.error
+    elif not reader.done and fact.status == "ok":
+        fact.status = "error"
+        fact.error = "stream ended before its final event"
 
 
 async def replay(

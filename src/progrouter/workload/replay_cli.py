@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from progrouter.workload import trace as trace_mod
+from progrouter.workload.apis import API_NAMES
+from progrouter.workload.apis.factory import check_hint
 from progrouter.workload.facts import Fact, write_fact
 from progrouter.workload.replay import ReplayOptions, ReplayResult, replay
 from progrouter.workload.trace import Trace
@@ -32,9 +34,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared with `progrouter bench`."""
     parser.add_argument(
         "--api",
-        choices=["completions", "chat"],
+        choices=list(API_NAMES),
         default="completions",
-        help="completions: token-id prompts (exact prefixes, default); chat: text messages",
+        help="completions: token-id prompts (exact prefixes, default); chat: text messages; "
+        "messages: the Anthropic Messages API as Claude Code sends it; responses: the OpenAI Responses API "
+        "as the Codex CLI sends it; chat-session: chat completions as OpenCode/OpenHands send them (these "
+        "three: identity in the harness's headers, tool calls in the conversation)",
     )
     parser.add_argument("--model", default=None, help="model name (default: the first in /v1/models)")
     parser.add_argument(
@@ -62,6 +67,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace, url: str) -> ReplayOptions:
+    """The replay's options; ValueError for flags that do not go together."""
+    check_hint(args.api, args.kv_retention_hint)
     return ReplayOptions(
         url=url.rstrip("/"),
         api=args.api,
@@ -118,6 +125,12 @@ async def _main(args: argparse.Namespace, console: Console) -> ReplayResult:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    try:
+        check_hint(args.api, args.kv_retention_hint)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    console.print(f"replay API: {args.api}")
     result = asyncio.run(_main(args, console))
     ok = sum(f.ok for f in result.facts)
     console.print(

@@ -1,0 +1,40 @@
+"""Claude Code (the Anthropic Messages API; the session and its agents in ``X-Claude-Code-*`` headers)
+through the router with enable key ``auto``: see ``harness`` for the scenarios."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from support.factories import EngineFactory, RouterFactory
+
+from . import harness
+
+pytestmark = pytest.mark.timeout(90)
+API = "messages"
+
+
+async def test_claude_code_sessions_become_programs_on_one_rank_with_cache_hits(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.sessions_become_programs_on_one_rank_with_cache_hits(API, make_engine, make_router, client)
+
+
+async def test_claude_code_sessions_wait_in_the_pool_under_pressure(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.sessions_wait_in_the_pool_under_pressure(API, make_engine, make_router, client)
+
+
+async def test_claude_code_answers_match_the_engine(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.answers_match_the_engine(API, make_engine, make_router, client)
+
+
+async def test_claude_code_metadata_session_is_a_program_only_with_identity_extensions(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.body_session_becomes_a_program_with_identity_extensions(
+        API, "X-Claude-Code-Session-Id", make_engine, make_router, client
+    )

@@ -1,0 +1,32 @@
+"""OpenCode / OpenHands (chat completions, the session in ``x-session-id``) through the router with enable key
+``auto``: see ``harness`` for the scenarios."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from support.factories import EngineFactory, RouterFactory
+
+from . import harness
+
+pytestmark = pytest.mark.timeout(90)
+API = "chat-session"
+
+
+async def test_opencode_sessions_become_programs_on_one_rank_with_cache_hits(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.sessions_become_programs_on_one_rank_with_cache_hits(API, make_engine, make_router, client)
+
+
+async def test_opencode_sessions_wait_in_the_pool_under_pressure(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.sessions_wait_in_the_pool_under_pressure(API, make_engine, make_router, client)
+
+
+async def test_opencode_answers_match_the_engine(
+    make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    await harness.answers_match_the_engine(API, make_engine, make_router, client)
