@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_cli.add_arguments(parser)
     parser.description = (
         "An Envoy ext_proc endpoint picker (Gateway API Inference Extension) around the Program scheduler;\n"
-        "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/epp.md)."
+        "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/guides/envoy-epp.md)."
     )
     epp = parser.add_argument_group("endpoint picker")
     epp.add_argument(
