@@ -43,9 +43,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The docs site (mkdocs.yml): --strict fails on a link or anchor that does not resolve. Built into site/
-# (gitignored); the pages' runnable command blocks are run by tests/docs.
+# (gitignored). Not --quiet: it hides the warnings --strict counts. The pages' runnable command blocks are run
+# by tests/docs.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 unit: $(STAMP) $(UPSTREAM_STAMP) compile
 	$(PY) -m pytest -q
