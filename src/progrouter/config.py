@@ -26,7 +26,7 @@ from pydantic.config import JsonDict
 REFERENCE_PREFILL_TOKENS = 50_000
 REFERENCE_DECODE_BATCH_SIZE = 4
 REFERENCE_DECODE_CONTEXT_TOKENS_PER_REQUEST = 50_000
-CALIBRATION_DOCS = "docs/calibration.md"
+CALIBRATION_DOCS = "docs/guides/calibrate.md"
 
 
 class ConfigError(ValueError):

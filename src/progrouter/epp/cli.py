@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_cli.add_arguments(parser)
     parser.description = (
         "An Envoy ext_proc endpoint picker (Gateway API Inference Extension) around the Program scheduler;\n"
-        "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/epp.md)."
+        "--host/--port are its gRPC listener. Settings as in `progrouter serve` (docs/guides/envoy-epp.md)."
     )
     add_model_arguments(parser, EppFlags)
 

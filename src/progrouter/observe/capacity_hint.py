@@ -8,8 +8,7 @@ the spec's calibration warning is, and never a change of the configured behaviou
 
 Told once per smallest size seen: a later worker with a smaller KV (the setting is one value for every Rank)
 is told again; repeats of a known size, and larger ones, are not. One integer of state. Reading costs a
-substring test per scrape, and one scan of the page's lines when the family is on it (0.24 ms for a
-140 KiB page).
+substring test per scrape, and one scan of the page's lines when the family is on it.
 """
 
 from __future__ import annotations

@@ -386,8 +386,7 @@ class ProgramScheduler:
         """The earliest due time that still matters. Asking is not free of effect, on purpose: stale entries
         at the heap's top are dropped, and a moot Program entry with them its registration (``_timer_valid``),
         so the Program's next ``arm`` pushes a fresh entry instead of keeping the moot earlier one — which
-        would fire early and cost a tick (a cheaper lower bound for the gate was measured to double the
-        ticks at concurrency 1; docs/performance.md)."""
+        would fire early and cost the shell a needless tick."""
         core = self._core
         timer = core.timers.next_time(self._timer_valid)
         pooled = core.pool.next_deadline()  # the queue timeouts the pool keeps in order

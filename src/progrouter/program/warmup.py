@@ -3,11 +3,10 @@
 The spec's automatic decisions wait for ``stats_window_size`` (100) samples per Rank: the acting TTL is 0
 — pause the moment a request ends — until the Rank's continuity window is complete, and the cross-Rank
 pass moves nobody to or from a Rank whose request window is not. Each Rank fills its windows at its own
-request rate, so a larger fleet at the same load per Rank waits just as long: 5–9 modelled minutes on
-``h200-llama-8b`` at 32 agents per GPU, 18–53 on ``h200-qwen-32b`` at 8. Until then every Program gives
-its KV up the moment its request ends and returns after a 5–15 s tool call to recompute a 100k-token
-context (bench/miss_causes.py: about 6 % of all prompt tokens at the 8B collapse point), and Programs
-that consistent hashing piled onto one Rank wait there while another idles.
+request rate, so a larger fleet at the same load per Rank waits just as long. Until then every Program
+gives its KV up the moment its request ends and recomputes its context after a short tool call, and
+Programs that consistent hashing piled onto one Rank wait there while another idles (what it costs:
+docs/benchmarks/scheduler-switches.md).
 
 A tool call's length is the agent's, not the Rank's, and every Rank of a model pool serves the same
 agents. With ``"pool"`` a Rank whose own window is incomplete borrows every Rank's samples together once

@@ -290,8 +290,8 @@ class FrontConnection(asyncio.Protocol):
                 max_line_size=_MAX_LINE,
                 max_field_size=_MAX_FIELD,
                 max_headers=_MAX_HEADERS,
-                # The message ends with its head: no body stream is built for it (a StreamReader per request,
-                # ~4 % of a plain request's CPU), as the front door reads the body itself.
+                # The message ends with its head: no body stream is built for it (a StreamReader per request
+                # the front door would not use), as the front door reads the body itself.
                 response_with_body=False,
                 auto_decompress=False,
             )

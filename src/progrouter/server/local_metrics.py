@@ -2,8 +2,8 @@
 own.
 
 prometheus_client's ``Counter.inc``, ``Gauge.set`` and ``Histogram.observe`` take a lock per value (a
-histogram: its sum and a bucket) behind a few checks and method calls: ~0.5 µs an increment and ~1 µs an
-observation here, and a Program request makes about a dozen of them. Every update happens on the event
+histogram: its sum and a bucket) behind a few checks and method calls, and a Program request makes about a
+dozen of them. Every update happens on the event
 loop, and so does every scrape (``/metrics`` and the tests' ``get_sample_value`` collect on the caller's
 thread), so a series needs no lock: it is a float, or a list of bucket counts and a sum, updated in place.
 At scrape each family yields the ``Metric`` prometheus_client's own family would (same name, type, help,
