@@ -69,7 +69,7 @@ error that names it, and numbers must be finite.
 
 *Origin* `spec` means the key, default and bounds are the product specification's; `beyond the spec` keys
 are progrouter's additions, and their defaults keep the specification's behaviour. The two cost models'
-coefficients come from `progrouter calibrate` (docs/calibration.md).
+coefficients come from `progrouter calibrate` ([Calibrate on your GPUs](../guides/calibrate.md)).
 """
 
 
