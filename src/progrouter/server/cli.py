@@ -167,8 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--health-check-endpoint", "worker path probed by health checks")
     # Inbound limits
     a("--max-concurrent-requests", "requests served at once", type=int)
-    a("--queue-size", "requests waiting for a slot (0: none, answer 429 at once)", type=int)
-    a("--queue-timeout-secs", "longest wait in that queue", type=float)
+    a("--queue-size", "0: no queue, answer 429 at once; else requests wait for a slot", type=int)
+    a("--queue-timeout-secs", "longest wait for a slot, from the request's arrival (then 408)", type=float)
     a("--rate-limit-tokens-per-second", "token bucket refill rate (unset: max-concurrent-requests)", type=int)
     # Requests, CORS, shutdown
     a("--request-id-headers", "headers read for the request id, first present wins", nargs="*")
