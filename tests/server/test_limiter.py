@@ -1,4 +1,4 @@
-"""The inbound limit: token bucket (fake clock), then 429 / queue / 408 over loopback."""
+"""The inbound limit: token bucket and queue (fake clock), then 429 / queue / 408 over loopback."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from progrouter.server.limiter import TokenBucket
+from progrouter.server.limiter import InboundLimiter, TokenBucket
 from progrouter.server.proxy import PROXY_KEY
 from progrouter.server.runner import RunningRouter
 from support.factories import RouterFactory
@@ -18,7 +18,6 @@ from .test_metrics import _samples
 def test_token_bucket_takes_gives_back_and_refills() -> None:
     bucket = TokenBucket(capacity=2, rate=4.0, now=0.0)
     assert bucket.take(0.0) and bucket.take(0.0) and not bucket.take(0.0)
-    assert bucket.seconds_until_token(0.0) == 0.25
     assert not bucket.take(0.2) and bucket.take(0.25)
     bucket.give_back(0.25)
     bucket.give_back(0.25)
@@ -80,18 +79,32 @@ async def test_a_queued_request_times_out_with_408(
     assert len(worker.requests) == 1
 
 
-async def test_a_queued_request_runs_when_a_token_comes_back_and_a_full_queue_is_429(
+async def test_waiters_past_the_queue_size_wait_too_and_run_as_tokens_come_back(
     make_worker: WorkerFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     worker = await make_worker()
     router = await make_router([worker.url], queue_timeout_secs=30, queue_size=1, **ONE_SLOT)
     first = await _held(client, router.url)
-    waiting = asyncio.create_task(client.post(router.url + "/v1/completions", json={}))
-    await asyncio.wait_for(_queued(router, 1), timeout=5)
-    async with client.post(router.url + "/v1/completions", json={}) as resp:
-        assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+    waiting = [asyncio.create_task(client.post(router.url + "/v1/completions", json={})) for _ in range(3)]
+    await asyncio.wait_for(_queued(router, 3), timeout=5)  # three waiters for one queue place, none refused
     worker.release.set()
     await first.read()
-    async with await asyncio.wait_for(waiting, timeout=5) as resp:
-        assert resp.status == 200
-    assert len(worker.requests) == 2
+    for task in waiting:
+        async with await asyncio.wait_for(task, timeout=5) as resp:
+            assert resp.status == 200
+    assert len(worker.requests) == 4
+
+
+async def test_refilled_tokens_go_to_arrivals_and_waiters_move_when_a_token_is_given_back() -> None:
+    now = [0.0]
+    limiter = InboundLimiter(capacity=1, rate=1.0, queue_size=1, queue_timeout=30, clock=lambda: now[0])
+    assert limiter.try_take()
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    assert limiter.waiting == 1
+    now[0] = 5.0  # the bucket has refilled: an arrival takes the token, the waiter still waits
+    await asyncio.sleep(0)
+    assert limiter.try_take() and not waiter.done()
+    limiter.release()  # a request finished: its token goes to the waiter
+    await asyncio.wait_for(waiter, timeout=5)
+    assert limiter.waiting == 0

@@ -1,11 +1,13 @@
-"""The inbound limit: a token bucket in front of the proxy, with a bounded FIFO queue of waiters.
+"""The inbound limit: a token bucket in front of the proxy, with a FIFO queue of waiters.
 
 Upstream vllm-router 0.1.17's semantics, as observed: the bucket holds ``max_concurrent_requests`` tokens
-and refills at ``rate_limit_tokens_per_second`` (default: the same number); a request takes one token and
-gives it back when it is answered. A request that finds no token waits in the queue (at most
-``queue_size`` waiters; 0 = no queue) for up to ``queue_timeout_secs``, then gets 408; one that finds the
-queue full gets 429 with ``Retry-After: 1`` at once. Because tokens also refill with time, a long request
-does not hold its slot forever: the limit is on the rate of admissions as much as on concurrency.
+and refills at ``rate_limit_tokens_per_second`` (default: the same number); a request takes one and gives it
+back when it is answered. Because tokens also refill with time, an arriving request can overtake a long one:
+the limit is on the rate of admissions as much as on concurrency. A request that finds no token waits (with
+``queue_size`` 0 it gets 429 with ``Retry-After: 1`` at once instead). Waiters move only when a token is given
+back (then as many, in arrival order, as the bucket holds, refilled tokens too); a waiter not admitted within
+``queue_timeout_secs`` of its arrival gets 408. As upstream's, the queue refuses nobody for being full: past
+``queue_size`` places requests wait to enter it, on the same timeout.
 """
 
 from __future__ import annotations
@@ -46,13 +48,9 @@ class TokenBucket:
         self._refill(now)
         self.tokens = min(self.capacity, self.tokens + 1.0)
 
-    def seconds_until_token(self, now: float) -> float:
-        self._refill(now)
-        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
-
 
 class Rejected(Exception):
-    """The limiter refused a request: ``status`` 429 (queue full) or 408 (waited too long)."""
+    """The limiter refused a request: ``status`` 429 (no token and no queue) or 408 (waited too long)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -74,7 +72,6 @@ class InboundLimiter:
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> InboundLimiter:
@@ -86,18 +83,17 @@ class InboundLimiter:
         return len(self._waiters)
 
     def try_take(self) -> bool:
-        """Take a token now if one is free and nobody waits for one (the usual case: no coroutine)."""
-        return not self._waiters and self.bucket.take(self._clock())
+        """Take a token now if the bucket has one, refilled ones too (the usual case: no coroutine)."""
+        return self.bucket.take(self._clock())
 
     async def acquire(self) -> None:
-        """Take a token, waiting in the queue if there is room; raises Rejected otherwise."""
+        """Take a token, waiting for one given back if there is a queue; raises Rejected otherwise."""
         if self.try_take():
             return
-        if len(self._waiters) >= self.queue_size:
-            raise Rejected(429, "queue_full", "too many requests: the router's request queue is full")
+        if self.queue_size == 0:
+            raise Rejected(429, "queue_full", "too many requests: the router has no free slot and no queue")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self._schedule()
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout)
         except BaseException as exc:
@@ -113,9 +109,9 @@ class InboundLimiter:
             raise
 
     def release(self) -> None:
-        """A request that held a token is done."""
+        """A request that held a token is done: its token, and any refilled ones, go to the waiters."""
         self.bucket.give_back(self._clock())
-        if self._waiters:  # else nothing to admit, and no timer to arm
+        if self._waiters:
             self._admit()
 
     def _discard(self, waiter: asyncio.Future[None]) -> None:
@@ -131,15 +127,3 @@ class InboundLimiter:
                 self._waiters.popleft().set_result(None)
             else:
                 break
-        self._schedule()
-
-    def _schedule(self) -> None:
-        """Wake when the bucket will have refilled a token, while anyone waits for one."""
-        if self._timer is not None or not self._waiters:
-            return
-        delay = self.bucket.seconds_until_token(self._clock())
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._admit()
