@@ -458,6 +458,14 @@ class RouterConfig(_Strict):
     # The hot proxied routes served below aiohttp's web layer (docs/performance.md "Front door").
     front_door: bool = True
 
+    # `progrouter epp` only (beyond the spec; docs/epp.md): what of a response Envoy shows the endpoint
+    # picker. ``stream``: every body chunk (the usage the worker reports, as serve reads it); ``end``: the
+    # response headers and its end only (no usage: the scheduler keeps its own estimates).
+    epp_response_body: Literal["stream", "end"] = "stream"
+    # `progrouter epp` only (beyond the spec): further pickers of the same pool, ``host:port`` each, that the
+    # printed Envoy bootstrap fails over to (lower priority, health-checked) when this one is down.
+    epp_standby: list[str] = Field(default_factory=list)
+
     @field_validator("client_api_keys", "admin_api_key")
     @classmethod
     def _keys_usable(cls, v: list[str] | str | None) -> list[str] | str | None:
@@ -470,6 +478,15 @@ class RouterConfig(_Strict):
     def _keys_file_readable(cls, v: str | None) -> str | None:
         if v is not None:
             read_keys_file(v)
+        return v
+
+    @field_validator("epp_standby")
+    @classmethod
+    def _host_ports(cls, v: list[str]) -> list[str]:
+        for address in v:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"epp_standby: {address!r} is not host:port")
         return v
 
     @field_validator("worker_urls")

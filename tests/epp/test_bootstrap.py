@@ -54,6 +54,7 @@ def test_the_printed_bootstrap_is_valid_and_fails_closed(tmp_path: Path) -> None
     _validate(bootstrap, tmp_path)
     ext_proc = _ext_proc(bootstrap)
     assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["status_on_error"] == {"code": 503}  # a broken stream reached no worker: retryable
     assert ext_proc["message_timeout"] == "47.000s"  # the queue timeout and a margin
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext_proc["processing_mode"]["response_body_mode"] == "STREAMED"

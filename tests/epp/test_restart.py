@@ -29,7 +29,7 @@ async def test_a_restarted_epp_rebuilds_programs_from_the_next_requests(
 
     served = engine.server.cores[0].stats.prompt_tokens
     async with client.post(stack.url + "/v1/chat/completions", json=program_body("prog-r", history)) as gone:
-        assert gone.status == 500  # fail closed: no EPP, no endpoint, nothing reaches the worker
+        assert gone.status == 503  # fail closed: no EPP, no endpoint, nothing reaches the worker
     assert engine.server.cores[0].stats.prompt_tokens == served
 
     stack.epp = await start_epp(config.model_copy(update={"port": port}), admin_port=0)

@@ -24,6 +24,7 @@ _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.Exter
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 MARGIN_SECONDS = 5.0
+HEALTH_INTERVAL_SECONDS = 1.0
 # Envoy's default circuit breakers (1024 requests per cluster) would refuse a RequestPool's waiting crowd.
 _UNLIMITED = {
     "thresholds": [{"max_connections": 1 << 30, "max_pending_requests": 1 << 30, "max_requests": 1 << 30}]
@@ -104,6 +105,69 @@ def _bootstrap(
     }
 
 
+def processing_mode(response_body: str) -> dict[str, str]:
+    """What Envoy sends the EPP: the request's headers and whole body always; of the response, its headers
+    and then every body chunk (``stream``) or only its end, as (possibly empty) trailers (``end``)."""
+    streamed = response_body == "stream"
+    return {
+        "request_header_mode": "SEND",
+        "request_body_mode": "BUFFERED",
+        "request_trailer_mode": "SKIP",
+        "response_header_mode": "SEND",
+        "response_body_mode": "STREAMED" if streamed else "NONE",
+        "response_trailer_mode": "SKIP" if streamed else "SEND",
+    }
+
+
+def _epp_cluster(epps: list[tuple[str, int]]) -> dict[str, Any]:
+    """The pickers, one priority level each in the order given: Envoy sends every stream to the first
+    healthy one. With more than one, each is health-checked (gRPC health, every ``HEALTH_INTERVAL``) and
+    ejected on its first refused connection, so the next stream already goes to the next priority."""
+    http2 = {
+        _HTTP_OPTIONS: {
+            "@type": f"type.googleapis.com/{_HTTP_OPTIONS}",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    if len(epps) == 1:
+        return _static("epp", epps, typed_extension_protocol_options=http2)
+    levels = [
+        {"priority": level, "lb_endpoints": [{"endpoint": {"address": _address(h, p)}}]}
+        for level, (h, p) in enumerate(epps)
+    ]
+    interval = _seconds(HEALTH_INTERVAL_SECONDS)
+    return _cluster(
+        "epp",
+        "STATIC",
+        typed_extension_protocol_options=http2,
+        load_assignment={
+            "cluster_name": "epp",
+            "endpoints": levels,
+            # A dead level sends all of its share on at once (the default over-provisioning factor of
+            # 1.4 would keep a partly healthy level's share; each level here is one host anyway).
+            "policy": {"overprovisioning_factor": 100},
+        },
+        health_checks=[
+            {
+                "timeout": _seconds(HEALTH_INTERVAL_SECONDS),
+                "interval": interval,
+                "no_traffic_interval": interval,
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {},
+            }
+        ],
+        outlier_detection={
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "interval": interval,
+            "base_ejection_time": interval,
+            "max_ejection_percent": 100,
+        },
+    )
+
+
 def epp_bootstrap(
     epp: tuple[str, int],
     *,
@@ -112,31 +176,23 @@ def epp_bootstrap(
     max_request_bytes: int,
     host: str = "127.0.0.1",
     port: int = 0,
+    response_body: str = "stream",
+    standby: list[tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Envoy on ``host:port`` (0: any free port), asking the EPP at ``epp`` where each request goes."""
+    """Envoy on ``host:port`` (0: any free port), asking the EPP at ``epp`` where each request goes (or,
+    while it is down, the first healthy of ``standby``)."""
     wait = queue_timeout_seconds + MARGIN_SECONDS
     ext_proc = {
         "@type": _EXT_PROC,
         "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
         "failure_mode_allow": False,
+        # A stream that fails before the EPP answered never reached a worker: say so, retryably.
+        "status_on_error": {"code": 503},
         "message_timeout": _seconds(wait),
-        "processing_mode": {
-            "request_header_mode": "SEND",
-            "request_body_mode": "BUFFERED",
-            "request_trailer_mode": "SKIP",
-            "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
-            "response_trailer_mode": "SKIP",
-        },
-    }
-    http2 = {
-        _HTTP_OPTIONS: {
-            "@type": f"type.googleapis.com/{_HTTP_OPTIONS}",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        }
+        "processing_mode": processing_mode(response_body),
     }
     clusters = [
-        _static("epp", [epp], typed_extension_protocol_options=http2),
+        _epp_cluster([epp, *(standby or [])]),
         _cluster(
             "workers",
             "ORIGINAL_DST",

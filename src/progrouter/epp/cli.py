@@ -43,11 +43,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print an Envoy bootstrap (JSON) whose listener asks this EPP, then exit",
     )
     epp.add_argument(
+        "--epp-response-body",
+        choices=["stream", "end"],
+        default=argparse.SUPPRESS,
+        help="what of a response Envoy shows the EPP: every body chunk, for usage (stream), or its headers "
+        "only (end: fewer messages, no usage); the printed bootstrap follows it (beyond the spec; "
+        "default: stream)",
+    )
+    epp.add_argument(
+        "--epp-standby",
+        nargs="*",
+        metavar="HOST:PORT",
+        default=argparse.SUPPRESS,
+        help="standby EPPs of the same pool: the printed bootstrap sends streams to them, in order, while "
+        "this one is down (beyond the spec; default: none)",
+    )
+    epp.add_argument(
         "--envoy-port",
         type=int,
         default=DEFAULT_ENVOY_PORT,
         help=f"the printed bootstrap's listener port (default: {DEFAULT_ENVOY_PORT})",
     )
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as Envoy's socket address wants it."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
@@ -62,6 +84,8 @@ def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
         max_request_bytes=config.max_payload_size,
         host="0.0.0.0",
         port=envoy_port,
+        response_body=config.epp_response_body,
+        standby=[host_port(address) for address in config.epp_standby],
     )
     return json.dumps(bootstrap, indent=2)
 

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.epp.exchange import Exchange
+from progrouter.epp.health import health_handler
 from progrouter.epp.metrics import EppMetrics
 from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.dashboard import install_dashboard
@@ -148,6 +149,7 @@ async def start_epp(
             running.metrics_url = _url(config.prometheus_host, port) + "/metrics"
         server = grpc.aio.server()
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(Processor(state, EppMetrics(registry)), server)
+        server.add_generic_rpc_handlers((health_handler(state),))
         grpc_host = f"[{config.host}]" if ":" in config.host else config.host
         bound = server.add_insecure_port(f"{grpc_host}:{config.port}")
         await server.start()
