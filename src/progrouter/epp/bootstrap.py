@@ -18,11 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 from progrouter.epp.messages import DESTINATION_HEADER
+from progrouter.server.errors import error_body
 
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+# The local reply of a failed ext_proc stream (its details start so), not the EPP's own refusals.
+_EXT_PROC_FAILED = "response.code_details.startsWith('ext_proc_error')"
 MARGIN_SECONDS = 5.0
 HEALTH_INTERVAL_SECONDS = 1.0
 # Envoy's default circuit breakers (1024 requests per cluster) would refuse a RequestPool's waiting crowd.
@@ -59,8 +63,9 @@ def _bootstrap(
     idle_seconds: float,
     route_seconds: float,
     max_request_bytes: int,
+    local_reply: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    hcm = {
+    hcm: dict[str, Any] = {
         "@type": _HCM,
         "stat_prefix": "inference",
         "stream_idle_timeout": _seconds(idle_seconds),
@@ -83,6 +88,8 @@ def _bootstrap(
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }
+    if local_reply is not None:
+        hcm["local_reply_config"] = local_reply
     return {
         "admin": {"address": _address("127.0.0.1", 0)},  # local only: it can stop Envoy
         "static_resources": {
@@ -168,6 +175,38 @@ def _epp_cluster(epps: list[tuple[str, int]]) -> dict[str, Any]:
     )
 
 
+NOT_ROUTED = "the endpoint picker is unavailable; the request reached no worker, retry it"
+ROUTED = "the endpoint picker went away while a worker answered; the request may have been processed"
+
+
+def _mapper(expression: str, message: str) -> dict[str, Any]:
+    return {
+        "filter": {
+            "extension_filter": {
+                "name": "envoy.access_loggers.extension_filters.cel",
+                "typed_config": {"@type": _CEL_FILTER, "expression": expression},
+            }
+        },
+        "body": {"inline_string": error_body(503, message).decode()},
+        "body_format_override": {
+            "text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"},
+            "content_type": "application/json",
+        },
+    }
+
+
+def _picker_failed() -> dict[str, Any]:
+    """Envoy's own answer when the ext_proc stream failed (``status_on_error``: 503) before the response
+    started, in the router's JSON error shape, saying whether the request had reached a worker: before the
+    EPP answered it had not (retry it); after, the worker had it and only its answer is lost."""
+    return {
+        "mappers": [
+            _mapper(f"{_EXT_PROC_FAILED} && !has(upstream.address)", NOT_ROUTED),
+            _mapper(_EXT_PROC_FAILED, ROUTED),
+        ]
+    }
+
+
 def epp_bootstrap(
     epp: tuple[str, int],
     *,
@@ -208,6 +247,7 @@ def epp_bootstrap(
         idle_seconds=wait + request_timeout_seconds,
         route_seconds=request_timeout_seconds,
         max_request_bytes=max_request_bytes,
+        local_reply=_picker_failed(),
     )
 
 
