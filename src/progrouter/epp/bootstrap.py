@@ -175,6 +175,14 @@ def _epp_cluster(epps: list[tuple[str, int]]) -> dict[str, Any]:
     )
 
 
+# Opening the ext_proc stream again when it could not be opened (the picker's port refused, or the stream
+# was refused or reset before the picker answered anything): the next try goes to the next healthy picker.
+# Nothing had reached a picker's decision yet, so a retry cannot route a request twice.
+_STREAM_RETRY = {
+    "retry_back_off": {"base_interval": "0.05s", "max_interval": "0.2s"},
+    "num_retries": 3,
+    "retry_on": "connect-failure,refused-stream,unavailable,reset",
+}
 NOT_ROUTED = "the endpoint picker is unavailable; the request reached no worker, retry it"
 ROUTED = "the endpoint picker went away while a worker answered; the request may have been processed"
 
@@ -223,7 +231,7 @@ def epp_bootstrap(
     wait = queue_timeout_seconds + MARGIN_SECONDS
     ext_proc = {
         "@type": _EXT_PROC,
-        "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+        "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "retry_policy": _STREAM_RETRY},
         "failure_mode_allow": False,
         # A stream that fails before the EPP answered never reached a worker: say so, retryably.
         "status_on_error": {"code": 503},
