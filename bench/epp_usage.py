@@ -6,7 +6,8 @@ arm, through:
 
 - ``serve``: `progrouter serve`, which reads every response's usage as it relays it;
 - ``epp stream``: Envoy + `progrouter epp --epp-response-body stream` (every response chunk to the EPP);
-- ``epp end``: Envoy + `progrouter epp --epp-response-body end` (no response body: no usage).
+- ``epp end``: Envoy + `progrouter epp --epp-response-body end` (no response body: no usage);
+- ``epp end+counters``: the same with ``--epp-counter-usage`` (usage estimated from vLLM's counters).
 
 Printed per arm: the scheduler's context estimate of a Program after each turn against the context the
 worker reported (prompt + completion tokens of that turn), as a mean absolute error; the Rank's rolling
@@ -71,7 +72,7 @@ class Arm:
 @asynccontextmanager
 async def _shell(kind: str, worker: str) -> AsyncIterator[tuple[str, str, CollectorRegistry | None]]:
     """(URL for clients, URL of /scheduling/diagnostics' host, the EPP's registry or None)."""
-    program = ProgramSchedulingConfig(token_capacity_per_dp_rank=CAPACITY)
+    program = ProgramSchedulingConfig(token_capacity_per_dp_rank=CAPACITY, metrics_interval_seconds=0.2)
     config = RouterConfig(
         worker_urls=[worker],
         port=0,
@@ -79,7 +80,8 @@ async def _shell(kind: str, worker: str) -> AsyncIterator[tuple[str, str, Collec
         policy="round_robin",
         health_check_interval_secs=3600.0,
         program_scheduling=program,
-        epp_response_body="end" if kind == "epp end" else "stream",
+        epp_response_body="stream" if kind in ("serve", "epp stream") else "end",
+        epp_counter_usage=kind == "epp end+counters",
     )
     if kind == "serve":
         router = await start_router(config)
@@ -208,10 +210,10 @@ def _window_mean(arm: Arm, key: str) -> float:
 
 def report(arms: list[Arm]) -> None:
     names = [a.name for a in arms]
-    print(f"{'':44}" + "".join(f"{n:>14}" for n in names))
+    print(f"{'':44}" + "".join(f"{n:>18}" for n in names))
 
     def row(label: str, values: list[str]) -> None:
-        print(f"{label:44}" + "".join(f"{v:>14}" for v in values))
+        print(f"{label:44}" + "".join(f"{v:>18}" for v in values))
 
     row("requests", [str(a.requests) for a in arms])
     row(
@@ -246,7 +248,8 @@ async def main() -> None:
     parser.add_argument("--programs", type=int, default=6)
     parser.add_argument("--turns", type=int, default=12)
     args = parser.parse_args()
-    arms = [await replay(kind, args.programs, args.turns) for kind in ("serve", "epp stream", "epp end")]
+    kinds = ("serve", "epp stream", "epp end", "epp end+counters")
+    arms = [await replay(kind, args.programs, args.turns) for kind in kinds]
     report(arms)
 
 

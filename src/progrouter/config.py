@@ -462,6 +462,9 @@ class RouterConfig(_Strict):
     # picker. ``stream``: every body chunk (the usage the worker reports, as serve reads it); ``end``: the
     # response headers and its end only (no usage: the scheduler keeps its own estimates).
     epp_response_body: Literal["stream", "end"] = "stream"
+    # `progrouter epp` only (beyond the spec), with ``end``: each response's usage estimated from its
+    # worker's vLLM counters (a Rank's tokens per request byte, cached share, completion tokens per request).
+    epp_counter_usage: bool = False
     # `progrouter epp` only (beyond the spec): further pickers of the same pool, ``host:port`` each, that the
     # printed Envoy bootstrap fails over to (lower priority, health-checked) when this one is down.
     epp_standby: list[str] = Field(default_factory=list)
@@ -504,6 +507,12 @@ class RouterConfig(_Strict):
         if isinstance(v, str) and v.strip().lower() in ("off", "none", "null", "disabled"):
             return None
         return v
+
+    @model_validator(mode="after")
+    def _counter_usage_needs_end(self) -> RouterConfig:
+        if self.epp_counter_usage and self.epp_response_body != "end":
+            raise ValueError("epp_counter_usage: only with epp_response_body end (stream reads the usage)")
+        return self
 
     @model_validator(mode="after")
     def _kv_aware_settings(self) -> RouterConfig:

@@ -77,3 +77,33 @@ async def test_a_stream_cut_mid_response_completes_once_without_the_body(
     assert program["completed_requests"] == 1  # once, at the cut
     assert program["in_flight_requests"] == 0
     assert rank(d)["router_ledger_tokens"] == 0 or program["state"] == "active"
+
+
+async def test_counter_usage_reports_what_vllms_counters_say(
+    make_engine: EngineFactory, make_stack: StackFactory, client: aiohttp.ClientSession
+) -> None:
+    """``end`` with ``epp_counter_usage``: once the worker's counters have grown, each completion reports
+    usage estimated from them (so the token estimator calibrates), still with no response body."""
+    engine = await make_engine()
+    shell = Shell.of_stack(
+        await make_stack(
+            [engine.url],
+            program_config(metrics_interval_seconds=0.05),
+            epp_response_body="end",
+            epp_counter_usage=True,
+        )
+    )
+    observed = 0.0
+    for turn in range(200):  # bounded: the reads run every 50 ms, a turn takes a few ms
+        status, _ = await post(client, shell.url, program_body("prog-k", words("k", 100 + turn)))
+        assert status == 200
+        await settled(client, shell)
+        observed = shell.registry.get_sample_value(FEEDBACK, {**POOL, "outcome": "observed"}) or 0.0
+        if observed >= 3:
+            break
+    assert observed >= 3
+    assert _messages(shell, "response_body") == 0
+    d = await diagnostics(client, shell)
+    [estimate] = [e["tokens_per_byte"] for e in d["token_estimation"] if e["endpoint"] == CHAT]
+    assert estimate != 0.25  # calibrated from the counters' prompt tokens per byte
+    assert rank(d)["rolling"]["avg_completion_tokens"] > 0

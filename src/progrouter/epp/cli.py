@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: stream)",
     )
     epp.add_argument(
+        "--epp-counter-usage",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="with --epp-response-body end: estimate each response's usage from its worker's vLLM counters "
+        "(beyond the spec; default: off)",
+    )
+    epp.add_argument(
         "--epp-standby",
         nargs="*",
         metavar="HOST:PORT",

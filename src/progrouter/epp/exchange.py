@@ -23,6 +23,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from progrouter.epp.counter_usage import CounterUsage
 from progrouter.epp.messages import header_map, proceed, refuse, route_to
 from progrouter.epp.metrics import EppMetrics
 from progrouter.epp.picker import Pick, Refusal, pick
@@ -34,8 +35,10 @@ log = logging.getLogger("progrouter.epp")
 class Exchange:
     """The request (headers, then buffered body) until it is routed; then its response, until it ends."""
 
-    def __init__(self, state: RouterState, metrics: EppMetrics) -> None:
+    def __init__(self, state: RouterState, metrics: EppMetrics, counters: CounterUsage | None = None) -> None:
         self._state = state
+        self._counters = counters  # ``epp_counter_usage``: the usage reported when no body is seen
+        self._sent_bytes = 0
         self._metrics = metrics
         self._limit = state.config.max_payload_size
         self._route = "/"
@@ -99,6 +102,9 @@ class Exchange:
         except Refusal as refusal:
             self._metrics.decided(f"refused_{refusal.status}")
             return refuse(refusal.status, str(refusal), refusal.reason)
+        self._sent_bytes = len(self._body)
+        if self._counters is not None:
+            self._counters.sent(self._pick.target, self._sent_bytes)
         self._body = bytearray()
         self._metrics.decided("native" if self._pick.ticket is None else "program")
         return route_to(phase, self._pick.endpoint, self._pick.target.dp_rank)
@@ -131,4 +137,8 @@ class Exchange:
         ticket = self._pick.ticket
         if ticket is not None and not self._sse and self._json:
             ticket.observe_json(bytes(self._json))
+        if ticket is not None and self._counters is not None:
+            usage = self._counters.usage(self._pick.target, self._sent_bytes)
+            if usage is not None:
+                ticket.observe_usage(usage)
         self._pick.finish(200 <= self._status < 300)
