@@ -1,13 +1,14 @@
 """Envoy + EPP against `progrouter serve` and against Envoy alone: added latency, throughput, router CPU.
 
 Two trivial loopback workers (their own processes) answer a 4-token chat completion, as JSON or as SSE (four
-token chunks, a usage chunk, ``[DONE]``). Four ways to reach them, each measured on the same Program requests
+token chunks, a usage chunk, ``[DONE]``). Five ways to reach them, each measured on the same Program requests
 (an ``agentic_context``, 8 Programs), non-streaming and streaming:
 
 - ``direct``: straight to one worker (the baseline of "added p50");
 - ``envoy-rr``: Envoy alone, round robin over both workers (no Program scheduling: the data plane's cost);
 - ``serve``: `progrouter serve`, round_robin, Program scheduling on;
-- ``envoy+epp``: Envoy whose ext_proc filter asks `progrouter epp` (same flags as serve), ORIGINAL_DST.
+- ``envoy+epp``: Envoy whose ext_proc filter asks `progrouter epp` (same flags as serve), ORIGINAL_DST;
+- ``envoy+epp-end``: the same with ``--epp-response-body end`` (no response body to the EPP).
 
 Per cell: added p50 (ms, concurrency 1, minus direct), requests/s at concurrency 64, and CPU µs per request
 (user+system from /proc over both concurrencies) of the router (serve's process, or the EPP's) and of Envoy.
@@ -143,7 +144,9 @@ def _cpu(pid: int | None) -> float:
     return sum(tree_cpu(pid)) if pid is not None else 0.0
 
 
-def _shell(command: str, workers: list[int], port: int, admin_port: int) -> subprocess.Popen[bytes]:
+def _shell(
+    command: str, workers: list[int], port: int, admin_port: int, response_body: str
+) -> subprocess.Popen[bytes]:
     flags = [
         "--worker-urls", *(f"http://127.0.0.1:{w}" for w in workers),
         "--host", "127.0.0.1",
@@ -154,7 +157,7 @@ def _shell(command: str, workers: list[int], port: int, admin_port: int) -> subp
         "--enable-program-scheduling",
     ]  # fmt: skip
     if command == "epp":
-        flags += ["--admin-port", str(admin_port)]
+        flags += ["--admin-port", str(admin_port), "--epp-response-body", response_body]
     cmd = [sys.executable, "-m", "progrouter", command, *flags]
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL)
 
@@ -182,13 +185,17 @@ async def arm(name: str, workers: list[int], session: aiohttp.ClientSession) -> 
             yield Arm(envoy.url, None, envoy.process.pid)
             return
         port, admin = free_port(), free_port()
-        process = _shell("serve" if name == "serve" else "epp", workers, port, admin)
+        response_body = "end" if name == "envoy+epp-end" else "stream"
+        process = _shell("serve" if name == "serve" else "epp", workers, port, admin, response_body)
         ready = f"http://127.0.0.1:{port if name == 'serve' else admin}/readiness"
         await wait_ready(session, ready)
         if name == "serve":
             yield Arm(f"http://127.0.0.1:{port}", process.pid, None)
             return
-        envoy = await start_envoy(epp_bootstrap(("127.0.0.1", port), queue_timeout_seconds=600.0, **limits))
+        bootstrap = epp_bootstrap(
+            ("127.0.0.1", port), queue_timeout_seconds=600.0, response_body=response_body, **limits
+        )
+        envoy = await start_envoy(bootstrap)
         yield Arm(envoy.url, process.pid, envoy.process.pid)
     finally:
         if envoy is not None:
@@ -238,7 +245,7 @@ def summarize(runs: list[list[Row]]) -> None:
         for stream in (False, True)
     }
     header = (
-        f"{'arm':>10} {'load':>6} | {'p50 ms':>7} {'added p50':>9} | {'req/s@64':>8}"
+        f"{'arm':>13} {'load':>6} | {'p50 ms':>7} {'added p50':>9} | {'req/s@64':>8}"
         f" | {'router CPU µs/req':>17} {'Envoy CPU µs/req':>16}"
     )
     print(header)
@@ -248,7 +255,7 @@ def summarize(runs: list[list[Row]]) -> None:
         cells = [r for run in runs for r in run if (r.arm, r.stream) == (name, stream)]
         p50 = statistics.median(c.p50_ms for c in cells)
         print(
-            f"{name:>10} {'sse' if stream else 'json':>6} | {p50:>7.2f} {p50 - direct[stream]:>9.2f}"
+            f"{name:>13} {'sse' if stream else 'json':>6} | {p50:>7.2f} {p50 - direct[stream]:>9.2f}"
             f" | {statistics.median(c.rps_64 for c in cells):>8.0f}"
             f" | {fmt([c.router_us for c in cells], '.0f'):>17} {fmt([c.envoy_us for c in cells], '.0f'):>16}"
         )
@@ -279,7 +286,7 @@ async def bench(requests: int, repeat: int, arms: list[str]) -> None:
     summarize(runs)
 
 
-ARMS = ["direct", "envoy-rr", "serve", "envoy+epp"]
+ARMS = ["direct", "envoy-rr", "serve", "envoy+epp", "envoy+epp-end"]
 
 
 def main() -> int:

@@ -24,9 +24,9 @@ ALLOWED = {
     # to the emulators it launches) and the block-hash chain its prompts are keyed by
     "workload": {"config", "engine"},
     "sim": {"config", "routing", "program", "engine", "workload"},
-    # the Envoy ext_proc shell: the cores, and the server's pure pieces (never its proxy: see below)
-    # (config_cli: the flags generated from the settings models)
-    "epp": {"config", "config_cli", "routing", "program", "server"},
+    # the Envoy ext_proc shell: the cores, the server's pure pieces (never its proxy: see below), the vLLM
+    # /metrics parsing (its counter usage), and config_cli (the flags generated from the settings models)
+    "epp": {"config", "config_cli", "routing", "program", "server", "observe"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
 # console (its CLI, sim/cli.py, is a shell and may).

@@ -893,6 +893,27 @@ class RouterConfig(_Strict):
         json_schema_extra=setting(flag="--no-front-door", action="store_false", beyond="upstream"),
     )
 
+    # `progrouter epp` only: what of a response Envoy shows the endpoint picker, and its standby pickers.
+    epp_response_body: Literal["stream", "end"] = Field(
+        default="stream",
+        description="progrouter epp: what of a response Envoy shows the picker — every body chunk, for the "
+        "usage the worker reports as serve reads it (stream), or its headers and its end only (end: fewer "
+        "messages, no usage); the printed bootstrap follows it",
+        json_schema_extra=setting(beyond="spec", group="Endpoint picker (progrouter epp)"),
+    )
+    epp_counter_usage: bool = Field(
+        default=False,
+        description="progrouter epp, with epp_response_body end: estimate each response's usage from its "
+        "worker's vLLM counters (a Rank's tokens per request byte, cached share, completion tokens)",
+        json_schema_extra=setting(beyond="spec"),
+    )
+    epp_standby: list[str] = Field(
+        default_factory=list,
+        description="progrouter epp: standby pickers of the same pool (host:port each) that the printed "
+        "Envoy bootstrap fails over to, in order, while this one is down",
+        json_schema_extra=setting(beyond="spec", metavar="HOST:PORT"),
+    )
+
     @field_validator("client_api_keys", "admin_api_key")
     @classmethod
     def _keys_usable(cls, v: list[str] | str | None) -> list[str] | str | None:
@@ -905,6 +926,15 @@ class RouterConfig(_Strict):
     def _keys_file_readable(cls, v: str | None) -> str | None:
         if v is not None:
             read_keys_file(v)
+        return v
+
+    @field_validator("epp_standby")
+    @classmethod
+    def _host_ports(cls, v: list[str]) -> list[str]:
+        for address in v:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"epp_standby: {address!r} is not host:port")
         return v
 
     @field_validator("worker_urls")
@@ -922,6 +952,12 @@ class RouterConfig(_Strict):
         if isinstance(v, str) and v.strip().lower() in ("off", "none", "null", "disabled"):
             return None
         return v
+
+    @model_validator(mode="after")
+    def _counter_usage_needs_end(self) -> RouterConfig:
+        if self.epp_counter_usage and self.epp_response_body != "end":
+            raise ValueError("epp_counter_usage: only with epp_response_body end (stream reads the usage)")
+        return self
 
     @model_validator(mode="after")
     def _kv_aware_settings(self) -> RouterConfig:

@@ -103,6 +103,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
             queue_timeout_seconds=queue_timeout,
             request_timeout_seconds=config.request_timeout_secs,
             max_request_bytes=1 << 22,
+            response_body=config.epp_response_body,
         )
         started = [await start_envoy(bootstrap) for _ in range(envoys_count)]
         envoys.extend(started)

@@ -54,6 +54,7 @@ def test_the_printed_bootstrap_is_valid_and_fails_closed(tmp_path: Path) -> None
     _validate(bootstrap, tmp_path)
     ext_proc = _ext_proc(bootstrap)
     assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["status_on_error"] == {"code": 503}  # a broken stream reached no worker: retryable
     assert ext_proc["message_timeout"] == "47.000s"  # the queue timeout and a margin
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext_proc["processing_mode"]["response_body_mode"] == "STREAMED"
@@ -64,6 +65,42 @@ def test_the_printed_bootstrap_is_valid_and_fails_closed(tmp_path: Path) -> None
     )
     endpoint = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     assert endpoint["address"]["socket_address"] == {"address": "10.0.0.5", "port_value": 9002}
+
+
+def test_the_printed_two_picker_bootstrap_fails_over_by_priority(tmp_path: Path) -> None:
+    bootstrap = _printed(
+        "--worker-urls", "http://127.0.0.1:8000", "--enable-program-scheduling",
+        "--host", "10.0.0.5", "--port", "9002", "--epp-standby", "10.0.0.6:9002",
+        "--epp-response-body", "end",
+    )  # fmt: skip
+    _validate(bootstrap, tmp_path)
+    ext_proc = _ext_proc(bootstrap)
+    assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["processing_mode"]["response_body_mode"] == "NONE"
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    levels = clusters["epp"]["load_assignment"]["endpoints"]
+    addresses = [
+        (level["priority"], level["lb_endpoints"][0]["endpoint"]["address"]["socket_address"])
+        for level in levels
+    ]
+    assert addresses == [
+        (0, {"address": "10.0.0.5", "port_value": 9002}),
+        (1, {"address": "10.0.0.6", "port_value": 9002}),
+    ]
+    [check] = clusters["epp"]["health_checks"]
+    assert "grpc_health_check" in check
+    assert clusters["epp"]["outlier_detection"]["consecutive_local_origin_failure"] == 1
+
+
+def test_a_bad_standby_address_is_refused() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "progrouter", "epp", "--print-envoy-bootstrap", "--epp-standby", "10.0.0.6"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "epp_standby" in result.stderr and result.stdout == ""
 
 
 def test_the_round_robin_bootstrap_is_valid(tmp_path: Path) -> None:

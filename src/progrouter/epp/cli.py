@@ -62,6 +62,12 @@ def epp_flags(args: argparse.Namespace) -> EppFlags:
     return parse_config(EppFlags, given, prefix="endpoint picker flags")
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as Envoy's socket address wants it."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
     from progrouter.epp.bootstrap import epp_bootstrap
 
@@ -74,6 +80,8 @@ def bootstrap_text(config: RouterConfig, envoy_port: int) -> str:
         max_request_bytes=config.max_payload_size,
         host="0.0.0.0",
         port=envoy_port,
+        response_body=config.epp_response_body,
+        standby=[host_port(address) for address in config.epp_standby],
     )
     return json.dumps(bootstrap, indent=2)
 

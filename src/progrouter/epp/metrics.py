@@ -1,12 +1,23 @@
-"""The EPP's own metric: what it decided for each request Envoy asked about (bounded labels)."""
+"""The EPP's own metrics: what it decided for each request Envoy asked about, and the ext_proc messages
+it answered by phase (bounded labels)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
+PHASES = (
+    "request_headers",
+    "request_body",
+    "request_trailers",
+    "response_headers",
+    "response_body",
+    "response_trailers",
+)
+
 
 class EppMetrics:
-    """``progrouter_epp_decisions_total{decision}``: ``program``, ``native`` or ``refused_<status>``."""
+    """``progrouter_epp_decisions_total{decision}``: ``program``, ``native`` or ``refused_<status>``;
+    ``progrouter_epp_messages_total{phase}``: the ext_proc messages Envoy sent, one of ``PHASES``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.decisions = Counter(
@@ -16,6 +27,18 @@ class EppMetrics:
             registry=registry,
         )
         self._children = {d: self.decisions.labels(d) for d in ("program", "native")}
+        messages = Counter(
+            "progrouter_epp_messages_total",
+            "ext_proc messages Envoy sent the endpoint picker, by phase (what the processing mode shows it)",
+            ["phase"],
+            registry=registry,
+        )
+        self._phases = {phase: messages.labels(phase) for phase in PHASES}
+
+    def received(self, phase: str | None) -> None:
+        child = self._phases.get(phase or "")
+        if child is not None:
+            child.inc()
 
     def decided(self, decision: str) -> None:
         child = self._children.get(decision)

@@ -21,7 +21,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
+from progrouter.epp.counter_usage import CounterUsage
 from progrouter.epp.exchange import Exchange
+from progrouter.epp.health import health_handler
 from progrouter.epp.metrics import EppMetrics
 from progrouter.server.auth import AccessPolicy, access_control
 from progrouter.server.dashboard import install_dashboard
@@ -44,12 +46,13 @@ STOP_GRACE_SECONDS = 1.0
 class Processor(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ext_proc service: one ``Exchange`` per stream (per HTTP request Envoy forwards)."""
 
-    def __init__(self, state: RouterState, metrics: EppMetrics) -> None:
+    def __init__(self, state: RouterState, metrics: EppMetrics, counters: CounterUsage | None) -> None:
         self._state = state
         self._metrics = metrics
+        self._counters = counters
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        async for answer in Exchange(self._state, self._metrics).run(requests):
+        async for answer in Exchange(self._state, self._metrics, self._counters).run(requests):
             yield answer
 
 
@@ -146,8 +149,16 @@ async def start_epp(
             )
             running._runners.append(runner)
             running.metrics_url = _url(config.prometheus_host, port) + "/metrics"
+        counters = None
+        if config.epp_counter_usage and config.program_scheduling is not None:
+            counters = CounterUsage()
+            interval = config.program_scheduling.metrics_interval_seconds  # the backend observation's
+            read = counters.run(state.session, lambda: state.targets, interval)
+            running._tasks.append(asyncio.create_task(read, name="progrouter-epp-counters"))
         server = grpc.aio.server()
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(Processor(state, EppMetrics(registry)), server)
+        processor = Processor(state, EppMetrics(registry), counters)
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+        server.add_generic_rpc_handlers((health_handler(state),))
         grpc_host = f"[{config.host}]" if ":" in config.host else config.host
         bound = server.add_insecure_port(f"{grpc_host}:{config.port}")
         await server.start()

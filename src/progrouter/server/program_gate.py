@@ -107,6 +107,10 @@ class ProgramTicket:
             self._sse = SseUsageAccumulator()
         self._sse.feed(chunk, time.monotonic())
 
+    def observe_usage(self, usage: UsageObservation) -> None:
+        """Usage known another way than from the response (the EPP's estimate when it sees no body)."""
+        self._json.merge(usage)
+
     @property
     def stream_done(self) -> bool:
         """The streamed answer's ``data: [DONE]`` was forwarded: the worker's part is over."""
