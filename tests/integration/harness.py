@@ -14,19 +14,24 @@ import aiohttp
 import orjson
 
 from progrouter.program.diagnostics import redact
-from progrouter.server.runner import RunningRouter
 from progrouter.workload.apis import ApiName, RenderInput, make_client
-from progrouter.workload.apis.chat_session import session_id
 from progrouter.workload.prompts import PromptBuilder
 from progrouter.workload.replay import ReplayOptions, ReplayResult, replay
-from progrouter.workload.trace import AgentRole, Trace, TraceProgram, TraceTask
+from progrouter.workload.trace import Trace
+from support.agent_sessions import (
+    Turn,
+    check_cache_hits,
+    check_exact_usage,
+    check_programs_on_one_rank,
+    diagnostics,
+    listed,
+    listed_key,
+    session_trace,
+)
 from support.factories import EngineFactory, RouterFactory
-from workload.traces import req
 
-from .helpers import CAPACITY, ENGINE_DEFAULTS, MODEL, programs, wait_until
+from .helpers import CAPACITY, ENGINE_DEFAULTS, MODEL, wait_until
 
-BLOCK = 16
-SYSTEM = list(range(8))  # 128 tokens of system prompt every session shares
 TIME_SCALE = float(ENGINE_DEFAULTS["time_scale"])
 #: The last event of each API's stream.
 STREAM_END = {
@@ -45,67 +50,19 @@ def program_config(**overrides: Any) -> dict[str, Any]:
     }
 
 
-def session_task(
-    task_id: str, *, turns: int = 4, grow: int = 6, base: int = 4, subagent: bool = True
-) -> TraceTask:
-    """A lead whose context grows by ``grow`` blocks a turn (a tool result each), and a blocking subagent
-    spawned after its first turn (two turns of its own)."""
-    own = 1000 * (1 + int(task_id.lstrip("t")))
-    lead = TraceProgram(
-        f"{task_id}:lead",
-        "lead",
-        AgentRole.LEAD,
-        tuple(req([*SYSTEM, *range(own, own + base + grow * i)], out=4) for i in range(turns)),
-    )
-    if not subagent:
-        return TraceTask(task_id, 0.0, (lead,))
-    sub = TraceProgram(
-        f"{task_id}:sub-1",
-        "sub-1",
-        AgentRole.SUBAGENT,
-        tuple(req([*SYSTEM, *range(own + 500, own + 502 + 3 * i)], out=4) for i in range(2)),
-        parent_program_id=lead.program_id,
-        blocks_parent=True,
-        spawn_after=0,
-    )
-    return TraceTask(task_id, 0.0, (lead, sub))
-
-
-def session_trace(tasks: int, **kw: Any) -> Trace:
-    return Trace(BLOCK, tuple(session_task(f"t{i}", **kw) for i in range(tasks)), frozenset(SYSTEM))
-
-
-def expected_key(api: ApiName, task: TraceTask, program: TraceProgram) -> tuple[str | None, str | None]:
-    """(task, agent) of the Program the router derives from the harness's headers, redacted as the
-    diagnostics show them."""
-    if api == "chat-session":  # a subagent is a session of its own, with no agent header
-        item = RenderInput(task, program, 0, program.requests[0], "")
-        return redact(session_id(item)), None
-    lead = program.parent_program_id is None  # a lead sends no agent header
-    return redact(task.task_id), None if lead else redact(program.agent_id)
-
-
-def listed_key(entry: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    return entry["task_id"], entry["agent_id"]
-
-
-async def diagnostics(client: aiohttp.ClientSession, router: RunningRouter) -> dict[str, Any]:
-    async with client.get(router.url + "/scheduling/diagnostics") as response:
-        assert response.status == 200
-        data: dict[str, Any] = await response.json()
-        return data
-
-
 @dataclass
 class Fleet:
-    router: RunningRouter
+    """Where clients send requests, where the scheduler's diagnostics are, and the engine behind it."""
+
+    url: str
+    admin_url: str
     engine_url: str
 
 
 async def start(make_engine: EngineFactory, make_router: RouterFactory, **program: Any) -> Fleet:
     engine = await make_engine(data_parallel_size=2)
     router = await make_router([engine.url], program_config(**program), intra_node_data_parallel_size=2)
-    return Fleet(router, engine.url)
+    return Fleet(router.url, router.url, engine.url)
 
 
 async def run(api: ApiName, url: str, trace: Trace) -> ReplayResult:
@@ -117,35 +74,24 @@ async def run(api: ApiName, url: str, trace: Trace) -> ReplayResult:
 
 
 async def sessions_become_programs_on_one_rank_with_cache_hits(
-    api: ApiName, make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
+    api: ApiName, fleet: Fleet, client: aiohttp.ClientSession
 ) -> None:
-    fleet = await start(make_engine, make_router)
+    """Two sessions, each a lead and a subagent, concurrently: the Programs the headers name, each on one
+    Rank, cache hits on later turns, and the usage the scheduler recorded is the usage the client read."""
     trace = session_trace(2)
-    result = await run(api, fleet.router.url, trace)
+    result = await run(api, fleet.url, trace)
     d = await wait_until(
-        lambda: diagnostics(client, fleet.router),
+        lambda: diagnostics(client, fleet.admin_url),
         lambda d: all(r["router_in_flight_requests"] == 0 for r in d["ranks"]),
     )
-    listed = programs(d)
-    expected = sorted((expected_key(api, task, p) for task in trace.tasks for p in task.programs), key=repr)
-    assert sorted((listed_key(e) for e in listed), key=repr) == expected, listed
-    for entry in listed:
-        assert entry["home_target"] == entry["last_target"]  # every turn went to the one Rank
-        assert sum(entry in r["programs"] for r in d["ranks"]) == 1
-    subs = [e for e in listed if e["agent_role"] == "subagent"]
-    if api == "chat-session":  # a child session is a lead of its own
-        assert subs == []
-    else:  # a harness subagent is linked to its lead by the agent headers
-        assert len(subs) == len(trace.tasks)
-        leads = {redact(f"{t.task_id}:lead") for t in trace.tasks}
-        assert {e["parent_program_id"] for e in subs} == leads
-        assert all(e["blocks_parent"] for e in subs)
+    placement = check_programs_on_one_rank(api, trace, d)
     for fact in result.facts:
         assert fact.prompt_tokens is not None and fact.prompt_tokens >= fact.input_tokens
         assert fact.output_tokens == fact.planned_output_tokens
         assert fact.first_token_at is not None and fact.first_token_at >= fact.started_at
-        if fact.step_id > 0:  # the turn extends the last one, on the same Rank: its prefix is cached
-            assert fact.cached_tokens is not None and fact.cached_tokens > 0, fact
+    turns = [Turn.of_fact(f) for f in result.facts]
+    check_cache_hits(turns)
+    check_exact_usage(d, placement, turns)
 
 
 async def sessions_wait_in_the_pool_under_pressure(
@@ -159,7 +105,7 @@ async def sessions_wait_in_the_pool_under_pressure(
     trace = session_trace(6, turns=2, base=48, grow=4, subagent=False)
     engine.server.set_fault(None, "stall")
     replaying = asyncio.create_task(run(api, router.url, trace))
-    d = await wait_until(lambda: diagnostics(client, router), lambda d: d["retained_requests"] >= 1)
+    d = await wait_until(lambda: diagnostics(client, router.url), lambda d: d["retained_requests"] >= 1)
     assert d["programs"] < len(trace.tasks) or any(r["router_queued_programs"] for r in d["ranks"])
     engine.server.set_fault(None, "none")
     await asyncio.wait_for(replaying, 60)
@@ -184,9 +130,9 @@ async def answers_match_the_engine(
             body = {**orjson.loads(rendered.body), "stream": stream}
             if not stream:
                 body.pop("stream_options", None)
-            via = await _post(client, fleet.router.url + rendered.path, rendered.headers, body)
+            via = await _post(client, fleet.url + rendered.path, rendered.headers, body)
             if rank is None:
-                d = await diagnostics(client, fleet.router)
+                d = await diagnostics(client, fleet.admin_url)
                 [rank] = [str(r["dp_rank"]) for r in d["ranks"] if r["programs"]]
             direct_headers = {**rendered.headers, "X-data-parallel-rank": rank}
             direct = await _post(client, twin.url + rendered.path, direct_headers, body)
@@ -227,7 +173,7 @@ async def body_session_becomes_a_program_with_identity_extensions(
         for step, request in enumerate(task.lead.requests):
             rendered = client_api.render(RenderInput(task, task.lead, step, request, f"r{step}"))
             headers = {k: v for k, v in rendered.headers.items() if k.lower() != drop.lower()}
-            await _post(client, fleet.router.url + rendered.path, headers, orjson.loads(rendered.body))
-        d = await diagnostics(client, fleet.router)
-        keys = [listed_key(e) for e in programs(d)]
+            await _post(client, fleet.url + rendered.path, headers, orjson.loads(rendered.body))
+        d = await diagnostics(client, fleet.admin_url)
+        keys = [listed_key(e) for e in listed(d)]
         assert keys == ([(redact(task.task_id), None)] if extensions else []), (extensions, keys)

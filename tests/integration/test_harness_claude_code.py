@@ -17,7 +17,8 @@ API = "messages"
 async def test_claude_code_sessions_become_programs_on_one_rank_with_cache_hits(
     make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    await harness.sessions_become_programs_on_one_rank_with_cache_hits(API, make_engine, make_router, client)
+    fleet = await harness.start(make_engine, make_router)
+    await harness.sessions_become_programs_on_one_rank_with_cache_hits(API, fleet, client)
 
 
 async def test_claude_code_sessions_wait_in_the_pool_under_pressure(
