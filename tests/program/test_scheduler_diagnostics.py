@@ -185,7 +185,7 @@ def _look_twice(h: Harness) -> None:
 def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
     """The counted aggregates (no scan of every Program) equal a scan of every Program; ``seen`` counts
     the cases met."""
-    programs = list(h.scheduler._core.table)
+    programs = list(h.scheduler._table)
     for rank in h.diagnostics()["ranks"]:
         here = [p for p in programs if p.last_target == rank["target_id"]]
         statuses = Counter(p.status for p in here if p.state is ProgramState.PAUSED)

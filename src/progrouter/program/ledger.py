@@ -21,34 +21,13 @@ from progrouter.program.policy import (
     capacity_accounting_source,
     estimate_active_program_tokens,
     observation_fresh,
-    private_tokens,
     target_usage,
 )
-from progrouter.program.types import BackendObservation, RequestHints
+from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
     from progrouter.program.agenda import Agenda
     from progrouter.program.state import Program, RankPrograms
-
-
-def program_private_tokens(
-    program: Program, decode_buffer_tokens: int, expected_output_tokens: int | None = None
-) -> int:
-    """A Program's private demand: max(0, context − shared prefix) + (expected output, else decode buffer)."""
-    return private_tokens(
-        program.estimated_context_tokens,
-        program.shared_prefix.tokens,
-        expected_output_tokens=expected_output_tokens,
-        output_token_reservation=program.output_token_reservation,
-        decode_buffer_tokens=decode_buffer_tokens,
-    )
-
-
-def required_tokens(program: Program, front: RequestHints | None, decode_buffer_tokens: int) -> int:
-    """A waiting Program's demand: its private tokens with its front request's expected output, if given
-    (``front``: the hints of its front request)."""
-    expected = front.expected_output_tokens if front is not None else None
-    return program_private_tokens(program, decode_buffer_tokens, expected)
 
 
 @dataclass(frozen=True, slots=True)
