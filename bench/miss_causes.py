@@ -183,7 +183,7 @@ class Follower:
         acting_charged = acting_actual = 0.0
         for program in scheduler._table:
             if program.placement == rank_id and program.active and program.acting:
-                acting_charged += program.charged_tokens
+                acting_charged += scheduler._ledger.charged(program)
                 last = self.last.get(program.ref.program_id)
                 acting_actual += last[1] if last else 0
         capacity = rank.core.config.num_blocks * rank.core.config.block_size

@@ -261,13 +261,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             waiting = core._pool.waiting(program)
             if program.state is ProgramState.ACTIVE:
                 assert program.placement is not None and program.placement == program.last_target
-                charged[program.placement] = charged.get(program.placement, 0) + program.charged_tokens
+                charged[program.placement] = charged.get(program.placement, 0) + core._ledger.charged(program)
                 rank = core._table.ranks[program.placement]
                 index = rank.reasoning if program.status is ProgramStatus.REASONING else rank.acting
                 assert program in index
                 assert waiting == 0 and program.queue_key is None
             else:
-                assert program.placement is None and program.charged_tokens == 0 and program.in_flight == 0
+                assert (
+                    program.placement is None
+                    and core._ledger.charged(program) == 0
+                    and program.in_flight == 0
+                )
                 queued = waiting > 0 and program.last_target is not None
                 assert (program.queue_key is not None) == queued
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)

@@ -48,7 +48,7 @@ class Dispatcher:
         dispatch at once — its KV is treated as resident, no admission check."""
         if not program.pause_when_idle:
             demand = program_private_tokens(program, self._decode_buffer)
-            if demand > program.charged_tokens:
+            if demand > self._ledger.charged(program):
                 self._ledger.recharge(program, demand)
         self.dispatch_retained(program, now)
 

@@ -75,6 +75,7 @@ class CapacityLedger:
         self.accounts: dict[str, RankAccount] = {}
         self._agenda = agenda
         self._revision = 0
+        self._charged: dict[Program, int] = {}  # every Active Program's charge: the ledger's own table
 
     def account(self, target_id: str) -> RankAccount:
         account = self.accounts.get(target_id)
@@ -95,11 +96,15 @@ class CapacityLedger:
         self._revision += 1
 
     # -------------------------------------------------------------------------------------------- ledger
+    def charged(self, program: Program) -> int:
+        """The private tokens ``program`` holds charged on its placement (0 unless it is Active)."""
+        return self._charged.get(program, 0)
+
     def charge(self, program: Program, target_id: str, tokens: int) -> None:
         account = self.account(target_id)
         account.ledger_tokens += tokens
         account.delta += tokens
-        program.charged_tokens = tokens
+        self._charged[program] = tokens
         self._agenda.capacity_changed(target_id)
 
     def recharge(self, program: Program, tokens: int) -> None:
@@ -107,21 +112,22 @@ class CapacityLedger:
         target = program.placement
         if target is None:
             return
-        diff = tokens - program.charged_tokens
+        charged = self._charged
+        diff = tokens - charged.get(program, 0)
         if diff:
             account = self.account(target)
             account.ledger_tokens += diff
             account.delta += diff
-            program.charged_tokens = tokens
+            charged[program] = tokens
             self._agenda.capacity_changed(target)
 
     def discharge(self, program: Program, target_id: str) -> None:
+        tokens = self._charged.pop(program, 0)
         account = self.accounts.get(target_id)
         if account is not None:
-            account.ledger_tokens -= program.charged_tokens
-            account.delta -= program.charged_tokens
+            account.ledger_tokens -= tokens
+            account.delta -= tokens
             self._agenda.capacity_changed(target_id)
-        program.charged_tokens = 0
 
     def review_sources(
         self, target_ids: Iterable[str], now: float
@@ -185,6 +191,11 @@ class CapacityLedger:
         account = self.accounts.get(target_id)
         return 0 if account is None else account.ledger_tokens
 
+    def charged_sum(self, programs: Iterable[Program]) -> int:
+        """The charges of ``programs`` together."""
+        charged = self._charged
+        return sum(charged.get(p, 0) for p in programs)
+
     # --------------------------------------------------------------------------------------- observation
     def checkpoint(self, target_id: str, rank: RankPrograms) -> RankCheckpoint:
         """The router's view of a Rank as a scrape begins (charged tokens = the Programs' private demand)."""
@@ -192,8 +203,8 @@ class CapacityLedger:
             delta=self.account(target_id).delta,
             active_reasoning_programs=len(rank.reasoning),
             active_reasoning_requests=sum(p.in_flight for p in rank.reasoning),
-            reasoning_private_tokens=sum(p.charged_tokens for p in rank.reasoning),
-            acting_private_tokens=sum(p.charged_tokens for p in rank.acting),
+            reasoning_private_tokens=self.charged_sum(rank.reasoning),
+            acting_private_tokens=self.charged_sum(rank.acting),
         )
 
     def apply(

@@ -456,7 +456,7 @@ class Lifecycle:
     # pause / release
     def pause(self, program: Program, reason: PauseReason, now: float) -> None:
         """An idle Active Program gives its placement up; its KV is no longer protected."""
-        released = program.charged_tokens
+        released = self._ledger.charged(program)
         target = self._table.pause(program)
         program.pause = Pause(now, reason)
         program.acting_ttl = None

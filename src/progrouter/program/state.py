@@ -130,7 +130,6 @@ FIELD_OWNERS: dict[str, str] = {
         ),
         "table",
     ),
-    "charged_tokens": "ledger",
     "queue_entry": "queues",
     "force_resume": "resume",
     **dict.fromkeys(
@@ -175,8 +174,6 @@ class Program:
     estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
     last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
     pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
-    # --- ledger ---------------------------------------------------------------------------------------
-    charged_tokens: int = 0
     # --- resume ---------------------------------------------------------------------------------------
     queue_entry: QueueEntry | None = None
     force_resume: ForceResume | None = None
