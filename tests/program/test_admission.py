@@ -66,12 +66,12 @@ def _check_every_queue(h: Harness) -> int:
         view = core._views.of(target_id, h.now)
         bound_refuses = not view.admits_some(queue.min_required(), queue.min_uncached())
         for program in queue.ordered():
-            entry, force = program.queue_entry, program.force_resume
+            entry, force = queue.entry(program), program.force_resume
             assert entry is not None
             if force is not None and force.deadline <= h.now:
                 continue  # a forced candidate is never refused early
             quick = isinstance(view.judge(entry.required, entry.uncached), Rejection)
-            admitted = not isinstance(plan(view, program, h.now), Rejection)
+            admitted = not isinstance(plan(view, program, entry, h.now), Rejection)
             assert not (admitted and (quick or bound_refuses)), (program.ref, entry)
             checked += 1
     return checked

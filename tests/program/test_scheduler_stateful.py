@@ -237,7 +237,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         threshold = self.config.admission_waiting_request_threshold
         for program in core._table:
             deadline = program.force_resume_deadline
-            if program.queue_key is None or deadline is None or deadline > self.now:
+            if core._queues.key(program) is None or deadline is None or deadline > self.now:
                 continue
             observation = core._ledger.fresh_observation(program.last_target or "", self.now)
             gated = observation is not None and observation.waiting >= threshold
@@ -265,7 +265,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 rank = core._table.ranks[program.placement]
                 index = rank.reasoning if program.status is ProgramStatus.REASONING else rank.acting
                 assert program in index
-                assert waiting == 0 and program.queue_key is None
+                assert waiting == 0 and core._queues.key(program) is None
             else:
                 assert (
                     program.placement is None
@@ -273,7 +273,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     and program.in_flight == 0
                 )
                 queued = waiting > 0 and program.last_target is not None
-                assert (program.queue_key is not None) == queued
+                assert (core._queues.key(program) is not None) == queued
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)
         for target_id in core._fleet.targets:
             assert core._ledger.ledger_tokens(target_id) == charged.get(target_id, 0)

@@ -31,6 +31,7 @@ from progrouter.program.policy import (
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
+    from progrouter.program.records import QueueEntry
     from progrouter.program.state import Program, RankPrograms
     from progrouter.program.types import BackendObservation
 
@@ -286,16 +287,14 @@ def uncached_tokens(program: Program) -> int:
     return max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
 
 
-def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
-    """Admit a queued ``program`` on the view's Rank now? The waiting gate, then ``judge`` with the demand
-    it was queued with; a forced resume passes a refusal unless the Rank already holds one past its
-    limits."""
+def plan(view: RankView, program: Program, entry: QueueEntry, now: float) -> AdmissionPlan | Rejection:
+    """Admit a queued ``program`` (``entry``: its queue entry) on the view's Rank now? The waiting gate,
+    then ``judge`` with the demand it was queued with; a forced resume passes a refusal unless the Rank
+    already holds one past its limits."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
     force = program.force_resume
     forced = force is not None and force.deadline <= now
-    entry = program.queue_entry
-    assert entry is not None
     required = entry.required
     batch_gain = overflow = False
     verdict = view.judge(required, uncached_tokens(program))

@@ -306,14 +306,14 @@ class Resumer:
     def wait(self, program: Program, now: float) -> None:
         """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
         its demand grew)."""
-        if program.queue_entry is not None:
+        if self._queues.entry(program) is not None:
             self.requeue(program, now)
         else:
             self.enqueue(program, now)
 
     def enqueue(self, program: Program, now: float) -> None:
         """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
-        if program.queue_entry is not None or program.last_target is None:
+        if program.last_target is None or self._queues.entry(program) is not None:
             return
         front = self._pool.front_hints(program)
         force = program.force_resume
@@ -339,7 +339,7 @@ class Resumer:
 
     def requeue(self, program: Program, now: float) -> None:
         """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
-        if program.queue_entry is None:
+        if self._queues.entry(program) is None:
             return
         self._queues.remove(program)
         self._insert(program, self._pool.front_hints(program), now)
@@ -347,7 +347,7 @@ class Resumer:
     def on_force_timer(self, program: Program, now: float) -> None:
         """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
         force = program.force_resume
-        if program.queue_entry is None or force is None:
+        if force is None or self._queues.entry(program) is None:
             return
         if force.deadline <= now:
             self.requeue(program, now)
@@ -423,7 +423,7 @@ class Resumer:
                 pending = queue.take_pending()
                 if not pending:
                     return
-                entries = [entry for program in pending if (entry := program.queue_entry) is not None]
+                entries = [entry for program in pending if (entry := queue.entry(program)) is not None]
             if self._count_refuses_all(target_id, queue, entries, now):
                 return
             if not full and self._refused_as_before(target_id, pending, now):
@@ -448,7 +448,9 @@ class Resumer:
                 candidates = _screened(view, entries, now, unforced_possible, math.inf)
             for key in candidates:
                 program = queue.program(key)
-                result = plan(view, program, now)
+                entry = queue.entry(program)
+                assert entry is not None
+                result = plan(view, program, entry, now)
                 if isinstance(result, AdmissionPlan):
                     self.commit_admission(program, result, now)
                     break
@@ -487,8 +489,9 @@ class Resumer:
         if view is None or self._ledger.fresh_observation(target_id, now) is not view.observation:
             return False
         limit = -math.inf if view.gate_blocked else view.demand_limit
+        queue = self._queues.get(target_id)
         for program in pending:
-            entry = program.queue_entry
+            entry = None if queue is None else queue.entry(program)
             if entry is not None and (entry.forced_at <= now or entry.required <= limit):
                 return False
         return True
@@ -546,6 +549,8 @@ class Resumer:
                 and residency.keeps_source(program, now - _queued_at(program, now))
             ):
                 continue  # its Rank still holds its prefix: it resumes there cheaply
+            entry = self._queues.entry(program)
+            assert entry is not None
             best: tuple[tuple[int, int, float, int, str], AdmissionPlan] | None = None
             for destination in destinations:
                 if destination == source or self._queues.size(destination) != 0:
@@ -553,7 +558,7 @@ class Resumer:
                 view = view_of(destination)
                 if not _headroom_allows(view_of(source), view, program, config.cross_rank_headroom_ratio):
                     continue
-                result = plan(view, program, now)
+                result = plan(view, program, entry, now)
                 if not isinstance(result, AdmissionPlan):
                     continue
                 rank_key = (
@@ -620,12 +625,14 @@ def _source_pressure(
         return True
     if source.waiting >= threshold:
         return True
-    key = program.queue_key
-    if queue is None or key is None:
+    entry = None if queue is None else queue.entry(program)
+    if queue is None or entry is None:
         return False
+    key = entry.key
     interval = config.metrics_interval_seconds
     for other in queue.ordered():
-        if other.queue_key is not None and other.queue_key >= key:
+        other_entry = queue.entry(other)
+        if other_entry is not None and other_entry.key >= key:
             return False
         if other.force_resume is not None and now - other.force_resume.queued_at >= interval:
             return True

@@ -492,7 +492,7 @@ class ProgramScheduler:
         if kind is ACTING_TTL:
             relevant = payload.phase == AA
         elif kind is FORCE_RESUME:
-            relevant = payload.queue_entry is not None
+            relevant = self._queues.entry(payload) is not None
         else:
             relevant = payload.phase == PA
         if not relevant:  # it resumed, or left the queue: the entry goes, and so does its registration

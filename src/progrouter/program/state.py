@@ -40,8 +40,6 @@ from progrouter.program.records import (
     ForceResume,
     Pause,
     PauseReason,
-    QueueEntry,
-    QueueKey,
     Segment,
     SharedPrefix,
 )
@@ -130,7 +128,6 @@ FIELD_OWNERS: dict[str, str] = {
         ),
         "table",
     ),
-    "queue_entry": "queues",
     "force_resume": "resume",
     **dict.fromkeys(
         (
@@ -175,7 +172,6 @@ class Program:
     last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
     pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
     # --- resume ---------------------------------------------------------------------------------------
-    queue_entry: QueueEntry | None = None
     force_resume: ForceResume | None = None
     # --- lifecycle ------------------------------------------------------------------------------------
     step_id: int = 0
@@ -205,11 +201,6 @@ class Program:
     @property
     def acting(self) -> bool:
         return self.status is ACTING
-
-    @property
-    def queue_key(self) -> QueueKey | None:
-        entry = self.queue_entry
-        return None if entry is None else entry.key
 
     @property
     def force_resume_deadline(self) -> float | None:
