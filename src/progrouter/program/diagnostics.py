@@ -18,7 +18,7 @@ import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from progrouter.program.demand import program_private_tokens
 from progrouter.program.ledger import RankAccount
@@ -368,6 +368,18 @@ class Diagnostics:
         }
 
 
+class ProgramRow(NamedTuple):
+    """One Program as a summary shows it, frozen at the moment it was read (the dashboard's row)."""
+
+    program: str  # redacted
+    state: str  # one of ``SHOWN_STATES``
+    last_target: str | None
+    estimated_context_tokens: int
+    ttl_deadline: float | None  # its acting TTL's deadline, while it has one
+    pooled_requests: int
+    created_at: float
+
+
 class SchedulerView:
     """Read-only access to the scheduler's state for the shell's summaries (the dashboard): Rank aggregates,
     counts by shown state and pages of Programs, each without a scan of every Program."""
@@ -422,6 +434,21 @@ class SchedulerView:
         else:
             chosen = self._table
         return list(itertools.islice(chosen, start, stop))
+
+    def rows(self, state: str | None, start: int, stop: int) -> list[ProgramRow]:
+        """``members`` as frozen rows: nothing a caller holds can change a Program."""
+        return [
+            ProgramRow(
+                p.redacted,
+                self.shown_state(p),
+                p.last_target,
+                p.estimated_context_tokens,
+                None if p.acting_ttl is None else p.acting_ttl.deadline,
+                self._pool.waiting(p),
+                p.created_at,
+            )
+            for p in self.members(state, start, stop)
+        ]
 
     def _running(self) -> list[Program]:
         table = self._table
