@@ -447,7 +447,7 @@ def test_a_released_program_is_let_go_by_the_timers_at_once(harness: Any) -> Non
     payloads = list(core._timers._payloads.values())
     assert not [p for p in payloads if isinstance(p, Program) and core._table.lookup(p.ref) is not p]
     h.tick(h.now + 1801.0)
-    assert len(core._table) == 0 and not core._timers._programs
+    assert len(core._table) == 0 and not core._timers._programs and not core._timers._due
 
 
 def test_an_expiring_observation_is_a_deadline(harness: Any) -> None:

@@ -487,7 +487,7 @@ class ProgramScheduler:
             observed_at = ledger.account(payload).observed_at if payload in self._fleet.targets else None
             return observed_at is not None and observed_at + ledger.freshness_seconds < when
         assert isinstance(payload, Program)
-        if payload.timer_due.get(kind) != when or self._table.lookup(payload.ref) is not payload:
+        if self._timers.due(payload, kind) != when or self._table.lookup(payload.ref) is not payload:
             return False
         if kind is ACTING_TTL:
             relevant = payload.phase == AA

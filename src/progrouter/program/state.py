@@ -144,7 +144,6 @@ FIELD_OWNERS: dict[str, str] = {
         ),
         "lifecycle",
     ),
-    "timer_due": "timers",
 }
 
 
@@ -183,8 +182,6 @@ class Program:
     segment: Segment = NO_SEGMENT
     shared_prefix: SharedPrefix = NO_SHARED_PREFIX
     completions: Completions = NO_COMPLETIONS
-    # --- timers ---------------------------------------------------------------------------------------
-    timer_due: dict[int, float] = field(default_factory=dict)  # TimerKind -> its one pending entry
 
     @property
     def phase(self) -> Phase:
