@@ -66,7 +66,7 @@ def _check_every_queue(h: Harness) -> int:
         view = core._views.of(target_id, h.now)
         bound_refuses = not view.admits_some(queue.min_required(), queue.min_uncached())
         for program in queue.ordered():
-            entry, force = queue.entry(program), program.force_resume
+            entry, force = queue.entry(program), core._keeper.record(program)
             assert entry is not None
             if force is not None and force.deadline <= h.now:
                 continue  # a forced candidate is never refused early

@@ -78,7 +78,7 @@ def test_only_the_owner_writes_a_program_field(path: Path) -> None:
 def test_the_fence_catches_writes_from_outside() -> None:
     source = (
         "def f(program, kind):\n"
-        "    program.force_resume = None\n"
+        "    program.pause = None\n"
         "    program.segment, x = None, 1\n"
         "    program.in_flight += 1\n"
         "    del program.completions[kind]\n"
@@ -86,7 +86,7 @@ def test_the_fence_catches_writes_from_outside() -> None:
         "    self.state = 1\n"
     )
     assert writes(source) == [
-        (2, "force_resume"),
+        (2, "pause"),
         (3, "segment"),
         (4, "in_flight"),
         (5, "completions"),

@@ -236,7 +236,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         core = self.scheduler
         threshold = self.config.admission_waiting_request_threshold
         for program in core._table:
-            deadline = program.force_resume_deadline
+            force = core._keeper.record(program)
+            deadline = None if force is None else force.deadline
             if core._queues.key(program) is None or deadline is None or deadline > self.now:
                 continue
             observation = core._ledger.fresh_observation(program.last_target or "", self.now)

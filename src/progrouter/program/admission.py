@@ -293,8 +293,7 @@ def plan(view: RankView, program: Program, entry: QueueEntry, now: float) -> Adm
     already holds one past its limits."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
-    force = program.force_resume
-    forced = force is not None and force.deadline <= now
+    forced = entry.forced_at <= now  # its force-resume deadline, as it was queued with it
     required = entry.required
     batch_gain = overflow = False
     verdict = view.judge(required, uncached_tokens(program))

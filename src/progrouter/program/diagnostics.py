@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.factors import RankFactors, RankStats
     from progrouter.program.fleet import Fleet
+    from progrouter.program.force_resume import ForceResumeKeeper
     from progrouter.program.ledger import CapacityLedger
     from progrouter.program.lineage import ProgramLineage
     from progrouter.program.observer import SchedulerObserver
@@ -84,6 +85,7 @@ class Diagnostics:
     __slots__ = (
         "_config",
         "_fleet",
+        "_keeper",
         "_ledger",
         "_lineage",
         "_low_tokens",
@@ -106,6 +108,7 @@ class Diagnostics:
         stats: RankStats,
         fleet: Fleet,
         lineage: ProgramLineage,
+        keeper: ForceResumeKeeper,
         residency: ResidencyRules | None,
     ) -> None:
         self._config = config
@@ -117,6 +120,7 @@ class Diagnostics:
         self._stats = stats
         self._fleet = fleet
         self._lineage = lineage
+        self._keeper = keeper
         self._residency = residency
         capacity = config.token_capacity_per_dp_rank
         self._low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
@@ -312,7 +316,7 @@ class Diagnostics:
         front = self._pool.front_hints(program)
         hints = front if front is not None else program.last_hints
         decode_buffer = self._config.decode_buffer_tokens
-        force, ttl = program.force_resume, program.acting_ttl
+        force, ttl = self._keeper.record(program), program.acting_ttl
         return {
             "program": program.redacted,
             "generation": program.ref.generation,

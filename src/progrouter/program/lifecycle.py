@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from progrouter.program.agenda import Agenda
     from progrouter.program.factors import RankFactors, RankStats
     from progrouter.program.fleet import Fleet
+    from progrouter.program.force_resume import ForceResumeKeeper
     from progrouter.program.ledger import CapacityLedger
     from progrouter.program.lineage import ProgramLineage
     from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
@@ -132,6 +133,7 @@ class Lifecycle:
         "_config",
         "_decode_buffer",
         "_fleet",
+        "_keeper",
         "_ledger",
         "_lineage",
         "_max_hint_ttl",
@@ -159,6 +161,7 @@ class Lifecycle:
         stats: RankStats,
         lineage: ProgramLineage,
         fleet: Fleet,
+        keeper: ForceResumeKeeper,
         ttl: TTLPolicy,
     ) -> None:
         self._config = config
@@ -172,6 +175,7 @@ class Lifecycle:
         self._stats = stats
         self._lineage = lineage
         self._fleet = fleet
+        self._keeper = keeper
         self._ttl = ttl
         self._decode_buffer = config.decode_buffer_tokens
         self._max_hint_ttl = config.max_kv_retention_ttl_seconds
@@ -510,6 +514,7 @@ class Lifecycle:
         stays fenced while it is among the most recently released)."""
         target = program.placement or program.last_target
         self._queues.remove(program)
+        self._keeper.clear(program)
         self._table.release(program)
         self._timers.forget(program)
         self.paused_idle.pop(program, None)

@@ -1,15 +1,8 @@
-"""Resume: which waiting Program gets the next placement, local-first, and when waiting turns into force.
+"""Resume: which waiting Program gets the next placement, local-first.
 
 ``Resumer`` queues waiting Programs and runs the scheduling passes (local and cross-Rank) that commit
-admissions; ``ForceResumeKeeper`` freezes each queued Program's force-resume deadline and arms its timer.
-
-Ordering (upstream §3.8), within one Rank queue:
-1. forced tier: the Program's force-resume deadline has passed;
-2. larger front-request ``priority``;
-3. not paused by segment yield before yielded (a one-shot marker: admission clears it);
-4. ``resume_order``: ``mru`` (most recent last finish first, never-finished last, then earlier queue time)
-   or ``fcfs`` (earlier queue time); then program id.
-Cross-Rank candidates (``global_queue``) use tiers 1–3, then always FCFS.
+admissions, in resume order (resume_order.py); ``force_resume.ForceResumeKeeper`` freezes each queued
+Program's force-resume deadline and arms its timer.
 
 Each Rank queue is a sorted list of keys, keyed by the Program's last Rank (in ``global_queue`` mode too: the
 local-first pass is exactly "each Rank schedules its own waiters"). A key changes only when its inputs do
@@ -18,35 +11,20 @@ queue in order only when the Rank's capacity state changed (``Agenda``); otherwi
 Programs queued or re-keyed since the last pass (``pending``) are planned, because every other candidate was
 already refused against the very same Rank state. Scanning stops early when a refusal applies to everyone
 behind (the waiting gate, the count guard for non-forced candidates).
-
-Force resume (upstream §3.7): when a Program enters a queue its deadline is frozen at
-``now + min(request deadline_seconds, else the workload estimate, queue_timeout)``; the workload estimate is
-3 × (remaining rounds of the Active Programs + rounds of the waiters ahead) / request throughput, clamped to
-[min(30 s, max), force_resume_timeout], and ``force_resume_timeout`` itself until the Rank's window matures.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.config import ProgramSchedulingConfig, ResumeOrder
+from progrouter.config import ProgramSchedulingConfig
 from progrouter.program import lifecycle, warmup
 from progrouter.program.admission import AdmissionPlan, Rejection, count_fits, plan, uncached_tokens
 from progrouter.program.demand import required_tokens
-from progrouter.program.policy import (
-    ForceResumeEstimate,
-    PoolThroughput,
-    effective_force_resume_timeout,
-    global_force_resume_estimate,
-    local_force_resume_estimate,
-    target_rounds,
-    total_active_remaining_rounds,
-)
-from progrouter.program.records import ForceResume, PauseReason, QueueEntry, QueueKey
-from progrouter.program.timers import FORCE_RESUME
+from progrouter.program.records import ForceResume, QueueEntry, QueueKey
+from progrouter.program.resume_order import cross_rank_key, forced, local_key, queued_at
 from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
@@ -55,6 +33,7 @@ if TYPE_CHECKING:
     from progrouter.program.dispatch import Dispatcher
     from progrouter.program.factors import RankStats
     from progrouter.program.fleet import Fleet
+    from progrouter.program.force_resume import ForceResumeKeeper
     from progrouter.program.ledger import CapacityLedger
     from progrouter.program.migration import RecomputeCostGate
     from progrouter.program.pool import RequestPool
@@ -64,189 +43,9 @@ if TYPE_CHECKING:
     from progrouter.program.state import Program
     from progrouter.program.table import ProgramTable
     from progrouter.program.telemetry import Telemetry
-    from progrouter.program.timers import Timers
 
 
-#: enum members read for every queued Program, as plain globals (why: ``state.ACTIVE``)
-_YIELD, _MRU = PauseReason.MAX_SEGMENT_YIELD, ResumeOrder.MRU
 _COUNT = Rejection.COUNT
-
-
-# ------------------------------------------------------------------------------------------------ ordering
-def _forced(program: Program, now: float) -> bool:
-    force = program.force_resume
-    return force is not None and force.deadline <= now
-
-
-def _tiers(program: Program, front: RequestHints | None, now: float) -> tuple[int, int, int]:
-    priority = front.priority if front is not None else 0
-    pause = program.pause
-    yielded = 1 if pause is not None and pause.reason is _YIELD else 0
-    return (0 if _forced(program, now) else 1, -priority, yielded)
-
-
-def _queued_at(program: Program, now: float) -> float:
-    force = program.force_resume
-    return force.queued_at if force is not None else now
-
-
-def local_key(program: Program, front: RequestHints | None, order: ResumeOrder, now: float) -> QueueKey:
-    """The Program's place in its Rank queue; ``front``: the hints of its front request."""
-    forced, priority, yielded = _tiers(program, front, now)
-    queued = _queued_at(program, now)
-    if order is _MRU:
-        finished = program.completions.last_finished_at
-        recency = -finished if finished is not None else math.inf
-        return (forced, priority, yielded, recency, queued, program.ref.program_id, program.serial)
-    return (forced, priority, yielded, queued, 0.0, program.ref.program_id, program.serial)
-
-
-def cross_rank_key(program: Program, front: RequestHints | None, now: float) -> QueueKey:
-    forced, priority, yielded = _tiers(program, front, now)
-    return (forced, priority, yielded, _queued_at(program, now), 0.0, program.ref.program_id, program.serial)
-
-
-def stop_waiting(queues: RankQueues, program: Program) -> None:
-    """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
-    deadline end with it, in one assignment."""
-    queues.remove(program)
-    program.force_resume = None
-
-
-@dataclass(frozen=True, slots=True)
-class RankWork:
-    """A Rank's inputs to force-resume estimates: target rounds, throughput and the Active Programs'
-    remaining rounds."""
-
-    computed_at: float
-    rounds: int
-    throughput: float
-    active_remaining: float
-
-
-@dataclass(frozen=True, slots=True)
-class PoolWork:
-    """A pool's Ranks' ``RankWork`` summed, for global estimates."""
-
-    computed_at: float
-    targets: list[str]  # the pool's target list it was computed for (identity marks a Rank change)
-    throughput: PoolThroughput
-    active_remaining: float
-
-
-class ForceResumeKeeper:
-    """Freezes the force-resume deadline of a Program entering its queue and arms its timer. The workload
-    inputs of the estimates are recomputed at most once per metrics interval: a deadline is an estimate,
-    and the sum over every Active Program of a pool is the expensive part. The formulas are policy's
-    ``local_force_resume_estimate`` / ``global_force_resume_estimate``."""
-
-    __slots__ = ("_config", "_fleet", "_pools", "_queues", "_ranks", "_stats", "_table", "_timers")
-
-    def __init__(
-        self,
-        config: ProgramSchedulingConfig,
-        table: ProgramTable,
-        stats: RankStats,
-        queues: RankQueues,
-        timers: Timers,
-        fleet: Fleet,
-    ) -> None:
-        self._config = config
-        self._table = table
-        self._stats = stats
-        self._queues = queues
-        self._timers = timers
-        self._fleet = fleet
-        self._ranks: dict[str, RankWork] = {}
-        self._pools: dict[str, PoolWork] = {}
-
-    def forget(self, target_id: str) -> None:
-        self._ranks.pop(target_id, None)
-
-    def freeze(self, program: Program, front: RequestHints | None, now: float) -> QueueKey | None:
-        """Freeze the deadline of a Program entering its queue; returns its queue key, unless the deadline
-        froze already passed (which moves it to the forced tier: the key changes)."""
-        config = self._config
-        key = local_key(program, front, config.resume_order, now)  # unforced: no force_resume yet
-        estimate = self.estimate(program, key, now)
-        timeout = effective_force_resume_timeout(
-            estimate.timeout_seconds,
-            front.deadline_seconds if front is not None else None,
-            config.queue_timeout_seconds,
-        )
-        deadline = now + timeout
-        program.force_resume = ForceResume(  # queued at, deadline, timeout, and the estimate's inputs
-            now,
-            deadline,
-            timeout,
-            round(estimate.active_remaining_rounds),
-            round(estimate.pool_remaining_rounds),
-            estimate.request_throughput_per_second,
-        )
-        self._timers.arm(program, FORCE_RESUME, deadline)
-        return key if deadline > now else None
-
-    def rearm(self, program: Program, force: ForceResume) -> None:
-        """Queued again (failover) with its deadline kept: its timer may have fired meanwhile."""
-        self._timers.arm(program, FORCE_RESUME, force.deadline)
-
-    def estimate(self, program: Program, key: QueueKey, now: float) -> ForceResumeEstimate:
-        """The workload estimate for ``program`` entering its queue now under ``key``."""
-        maximum = self._config.force_resume_timeout_seconds
-        if self._config.global_queue:
-            pool = self._pool(program.ref.model_pool, now)
-            ahead = self._queues.ahead_in_pool(program.ref.model_pool, key)
-            return global_force_resume_estimate(
-                pool=pool.throughput,
-                active_remaining_rounds=pool.active_remaining,
-                waiters_ahead=ahead,
-                max_timeout=maximum,
-            )
-        target = program.last_target
-        assert target is not None
-        work = self._rank(target, now)
-        queue = self._queues.get(target)
-        ahead = 0 if queue is None else queue.ahead_of(key)
-        return local_force_resume_estimate(
-            target_rounds=work.rounds,
-            throughput=work.throughput,
-            active_remaining_rounds=work.active_remaining,
-            waiters_ahead=ahead,
-            max_timeout=maximum,
-        )
-
-    def _rank(self, target: str, now: float) -> RankWork:
-        cached = self._ranks.get(target)
-        if cached is not None and 0.0 <= now - cached.computed_at < self._config.metrics_interval_seconds:
-            return cached
-        factors = self._stats.get(target)
-        rounds = target_rounds(factors, self._config.max_segment_rounds)
-        throughput = 0.0 if factors is None else factors.request_throughput_per_second()
-        active = 0.0
-        if rounds > 0 and throughput > 0.0:
-            rank = self._table.ranks[target]
-            active = total_active_remaining_rounds(
-                rounds,
-                [p.rounds_since_activation for p in rank.reasoning],
-                [p.rounds_since_activation for p in rank.acting],
-            )
-        work = self._ranks[target] = RankWork(now, rounds, throughput, active)
-        return work
-
-    def _pool(self, model_pool: str, now: float) -> PoolWork:
-        targets = self._fleet.pool_targets.get(model_pool, [])
-        cached = self._pools.get(model_pool)
-        fresh = cached is not None and 0.0 <= now - cached.computed_at < self._config.metrics_interval_seconds
-        if cached is not None and fresh and cached.targets is targets:
-            return cached
-        works = [self._rank(target, now) for target in targets]
-        work = self._pools[model_pool] = PoolWork(
-            computed_at=now,
-            targets=targets,
-            throughput=PoolThroughput.of((w.rounds, w.throughput) for w in works),
-            active_remaining=math.fsum(w.active_remaining for w in works),
-        )
-        return work
 
 
 class Resumer:
@@ -316,7 +115,7 @@ class Resumer:
         if program.last_target is None or self._queues.entry(program) is not None:
             return
         front = self._pool.front_hints(program)
-        force = program.force_resume
+        force = self._keeper.record(program)
         key = None
         if force is None:
             key = self._keeper.freeze(program, front, now)
@@ -331,9 +130,9 @@ class Resumer:
         its ``local_key`` now, if the caller has it."""
         config = self._config
         required = required_tokens(program, front, config.decode_buffer_tokens)
+        force = self._keeper.record(program)
         if key is None:
-            key = local_key(program, front, config.resume_order, now)
-        force = program.force_resume
+            key = local_key(program, force, front, config.resume_order, now)
         forced_at = math.inf if force is None else force.deadline
         self._queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
 
@@ -346,7 +145,7 @@ class Resumer:
 
     def on_force_timer(self, program: Program, now: float) -> None:
         """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
-        force = program.force_resume
+        force = self._keeper.record(program)
         if force is None or self._queues.entry(program) is None:
             return
         if force.deadline <= now:
@@ -354,12 +153,18 @@ class Resumer:
         else:
             self._keeper.rearm(program, force)
 
+    def stop_waiting(self, program: Program) -> None:
+        """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
+        deadline end with it."""
+        self._queues.remove(program)
+        self._keeper.clear(program)
+
     # admission
     def commit_admission(self, program: Program, plan: AdmissionPlan, now: float) -> None:
         """Activate ``program`` on the planned Rank and dispatch its retained requests."""
         previous = program.last_target
         target = plan.target_id
-        stop_waiting(self._queues, program)
+        self.stop_waiting(program)
         self._table.activate(program, target, plan.required, overflow=plan.overflow)
         lifecycle.activated(program, now)
         if self._telemetry.observing:
@@ -454,7 +259,7 @@ class Resumer:
                 if isinstance(result, AdmissionPlan):
                     self.commit_admission(program, result, now)
                     break
-                if result is _COUNT and not _forced(program, now):
+                if result is _COUNT and not forced(self._keeper.record(program), now):
                     return
             else:
                 return
@@ -504,6 +309,7 @@ class Resumer:
             return
         interval = config.metrics_interval_seconds
         stats, gate, residency = self._stats, self._gate, self._residency
+        record = self._keeper.record
 
         def mature(target: str) -> bool:
             return warmup.request_stats_mature(
@@ -522,10 +328,12 @@ class Resumer:
                 p
                 for p in queue.ordered()
                 if p.last_pause_reason is not None
-                and now - _queued_at(p, now) >= interval
-                and (gate is None or gate.may_move(p, now - _queued_at(p, now), now))  # beyond the spec
+                and now - queued_at(record(p), now) >= interval
+                and (
+                    gate is None or gate.may_move(p, now - queued_at(record(p), now), now)
+                )  # beyond the spec
             )
-        candidates.sort(key=lambda p: cross_rank_key(p, self._pool.front_hints(p), now))
+        candidates.sort(key=lambda p: cross_rank_key(p, record(p), self._pool.front_hints(p), now))
         views: dict[str, RankView] = {}
 
         def view_of(destination: str) -> RankView:
@@ -535,18 +343,19 @@ class Resumer:
             return view
 
         for program in candidates:
-            if not _forced(program, now) and not any(
+            force = record(program)
+            if not forced(force, now) and not any(
                 not view_of(d).gate_blocked and view_of(d).admits_some(0, 0) for d in destinations
             ):
                 return  # no destination can take an unforced Program, and the forced ones came first
             source = program.last_target
             assert source is not None
-            if not _source_pressure(view_of(source), self._queues.get(source), program, config, now):
+            if not _source_pressure(view_of(source), self._queues.get(source), program, record, config, now):
                 continue
             if (
                 residency is not None
-                and not _forced(program, now)
-                and residency.keeps_source(program, now - _queued_at(program, now))
+                and not forced(force, now)
+                and residency.keeps_source(program, now - queued_at(force, now))
             ):
                 continue  # its Rank still holds its prefix: it resumes there cheaply
             entry = self._queues.entry(program)
@@ -617,9 +426,15 @@ def _pressure(config: ProgramSchedulingConfig, admission: AdmissionPlan) -> floa
 
 
 def _source_pressure(
-    source: RankView, queue: RankQueue | None, program: Program, config: ProgramSchedulingConfig, now: float
+    source: RankView,
+    queue: RankQueue | None,
+    program: Program,
+    record: Callable[[Program], ForceResume | None],
+    config: ProgramSchedulingConfig,
+    now: float,
 ) -> bool:
-    """The source is congested: vLLM queues there, or another long-waiting Program is ahead locally."""
+    """The source is congested: vLLM queues there, or another long-waiting Program is ahead locally
+    (``record``: the force-resume records)."""
     threshold = config.admission_waiting_request_threshold
     if threshold == 0:
         return True
@@ -634,7 +449,8 @@ def _source_pressure(
         other_entry = queue.entry(other)
         if other_entry is not None and other_entry.key >= key:
             return False
-        if other.force_resume is not None and now - other.force_resume.queued_at >= interval:
+        force = record(other)
+        if force is not None and now - force.queued_at >= interval:
             return True
     return False
 

@@ -27,6 +27,7 @@ from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE, Diagnostics, Sc
 from progrouter.program.dispatch import Dispatcher
 from progrouter.program.factors import RankStats
 from progrouter.program.fleet import Fleet
+from progrouter.program.force_resume import ForceResumeKeeper
 from progrouter.program.ledger import CapacityLedger, ObservationEpoch
 from progrouter.program.lifecycle import CapacityRepair, Lifecycle, rebound
 from progrouter.program.lineage import ProgramLineage
@@ -37,7 +38,7 @@ from progrouter.program.pool import PendingRequest, RequestHandle, RequestPool
 from progrouter.program.queues import RankQueues
 from progrouter.program.rank_facts import RankViews
 from progrouter.program.residency import Report, ResidencyRules
-from progrouter.program.resume import ForceResumeKeeper, Resumer, stop_waiting
+from progrouter.program.resume import Resumer
 from progrouter.program.state import AA, ACTIVE, PA, Program
 from progrouter.program.table import ProgramTable
 from progrouter.program.telemetry import Telemetry
@@ -99,6 +100,7 @@ class ProgramScheduler:
         self._outbox = outbox = Outbox()
         self._views = views = RankViews(config, table, stats, ledger)
         # the handlers, each given exactly what it reads and writes; variants chosen once
+        self._keeper = keeper = ForceResumeKeeper(config, table, stats, queues, timers, fleet)
         self._lifecycle = lifecycle = Lifecycle(
             config,
             telemetry,
@@ -111,6 +113,7 @@ class ProgramScheduler:
             stats,
             lineage,
             fleet,
+            keeper,
             acting_ttl(config, stats, queues),
         )
         self._repair = (
@@ -124,7 +127,6 @@ class ProgramScheduler:
         self._dispatcher = dispatcher = Dispatcher(
             config, telemetry, table, pool, ledger, fleet, binder, outbox
         )
-        self._keeper = keeper = ForceResumeKeeper(config, table, stats, queues, timers, fleet)
         gate = (
             None if config.cross_rank_gate is CrossRankGate.SPEC else RecomputeCostGate(config, stats, table)
         )
@@ -145,7 +147,17 @@ class ProgramScheduler:
             gate,
         )
         self._diagnostics = Diagnostics(
-            config, telemetry.observer, table, pool, queues, ledger, stats, fleet, lineage, self._residency
+            config,
+            telemetry.observer,
+            table,
+            pool,
+            queues,
+            ledger,
+            stats,
+            fleet,
+            lineage,
+            keeper,
+            self._residency,
         )
         # read by every event's ``_decide`` (a pydantic model's attribute costs several plain ones)
         self._max_paused = config.max_paused_programs
@@ -341,7 +353,7 @@ class ProgramScheduler:
         _, was_front = removed
         idle = self._table.request_withdrawn(program)
         if not pool.waiting(program):
-            stop_waiting(self._queues, program)
+            self._resumer.stop_waiting(program)
         elif was_front:
             self._resumer.requeue(program, now)  # the new front brings its own priority
         if idle:

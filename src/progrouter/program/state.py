@@ -37,7 +37,6 @@ from progrouter.program.records import (
     NO_SHARED_PREFIX,
     ActingTTL,
     Completions,
-    ForceResume,
     Pause,
     PauseReason,
     Segment,
@@ -128,7 +127,6 @@ FIELD_OWNERS: dict[str, str] = {
         ),
         "table",
     ),
-    "force_resume": "resume",
     **dict.fromkeys(
         (
             "identity",
@@ -170,8 +168,6 @@ class Program:
     estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
     last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
     pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
-    # --- resume ---------------------------------------------------------------------------------------
-    force_resume: ForceResume | None = None
     # --- lifecycle ------------------------------------------------------------------------------------
     step_id: int = 0
     last_hints: RequestHints = field(default_factory=RequestHints)
@@ -198,11 +194,6 @@ class Program:
     @property
     def acting(self) -> bool:
         return self.status is ACTING
-
-    @property
-    def force_resume_deadline(self) -> float | None:
-        force = self.force_resume
-        return None if force is None else force.deadline
 
     @property
     def paused_at(self) -> float | None:
