@@ -151,7 +151,7 @@ class Follower:
         router = self.sim.router
         if not isinstance(router, ProgramRouter):
             return "native"
-        program = router.scheduler._core.table.get(MODEL_POOL, program_id)
+        program = router.scheduler._table.get(MODEL_POOL, program_id)
         if program is None:
             return "new"
         if program.state is ProgramState.ACTIVE:
@@ -177,19 +177,19 @@ class Follower:
         """What the router believed and the engine held on the Rank just now."""
         router = self.sim.router
         assert isinstance(router, ProgramRouter)
-        core = router.scheduler._core
+        scheduler = router.scheduler
         now = self.sim.clock.now
         rank = self.by_rank[rank_id]
         acting_charged = acting_actual = 0.0
-        for program in core.table:
+        for program in scheduler._table:
             if program.placement == rank_id and program.active and program.acting:
-                acting_charged += program.charged_tokens
+                acting_charged += scheduler._ledger.charged(program)
                 last = self.last.get(program.ref.program_id)
                 acting_actual += last[1] if last else 0
         capacity = rank.core.config.num_blocks * rank.core.config.block_size
         return {
             "capacity": capacity,
-            "router_used": core.ledger.usage(rank_id, now),
+            "router_used": scheduler._ledger.usage(rank_id, now),
             "engine_in_use": rank.core.kv_cache_usage() * capacity,
             "acting_charged": acting_charged,
             "acting_actual_prompts": acting_actual,
@@ -235,7 +235,7 @@ class Follower:
         router = self.sim.router
         if not isinstance(router, ProgramRouter):
             return
-        factors = router.scheduler._core.factors.get(rank_id)
+        factors = router.scheduler._stats.get(rank_id)
         if factors is None:
             return
         now = self.sim.clock.now

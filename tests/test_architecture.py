@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,10 +182,64 @@ def test_top_is_a_client_of_the_stream_only() -> None:
 
 
 def test_no_shell_reaches_into_the_scheduler() -> None:
-    """Shells read scheduler state through its API (``diagnostics``, the read-only ``view``), not its core."""
+    """Shells read scheduler state through its API (``diagnostics``, the read-only ``view``), never its
+    private parts."""
     outside = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "program"]
-    readers = [str(p.relative_to(SRC)) for p in outside if "._core" in p.read_text()]
+    readers = [str(p.relative_to(SRC)) for p in outside if re.search(r"scheduler\._[a-z]", p.read_text())]
     assert readers == [], readers
+
+
+def _program_imports(path: Path) -> set[str]:
+    """The program/ modules ``path`` imports, type-only (``TYPE_CHECKING``) imports included."""
+    names: set[str] = set()
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[:2] == ["progrouter", "program"] and len(parts) > 2:
+            names.add(parts[2])
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):  # ``from progrouter.program import lifecycle``
+        if isinstance(node, ast.ImportFrom) and node.module == "progrouter.program":
+            names.update(a.name for a in node.names if (SRC / "program" / f"{a.name}.py").exists())
+    return names - {path.stem, "__init__"}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (module -> modules it imports), or [] if it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = 1
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == 1:
+                return [*path[path.index(imported) :], imported]
+            if imported not in state:
+                found = visit(imported, [*path, imported])
+                if found:
+                    return found
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return []
+
+
+def test_the_program_modules_import_each_other_without_a_cycle() -> None:
+    """Every module of program/ stands on the ones below it: no import cycle, type-only imports included,
+    so each component can be read (and built) from its dependencies up."""
+    graph = {
+        p.stem: _program_imports(p) for p in sorted((SRC / "program").glob("*.py")) if p.stem != "__init__"
+    }
+    assert _cycle(graph) == [], " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_check_finds_a_type_only_cycle() -> None:
+    """The check above can fail: a cycle closed by a ``TYPE_CHECKING`` import is found."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
 
 
 # What the EPP must never load: Envoy is its proxy, so the aiohttp proxy and the app that wires it stay out.

@@ -26,9 +26,10 @@ PACKAGE = Path(__file__).resolve().parent
 DIGESTS = "_compiled.json"  # beside this file: {module path: sha256 of the source it was built from}
 
 _PROGRAM = (
-    "admission agenda binding core diagnostics dispatch factors identity ledger lifecycle lineage migration"
-    " outcomes policy pool queues records residency residency_prompts resume scheduler state timers"
-    " token_estimator ttl_weighing usage views warmup"
+    "acting_ttl admission agenda binding demand diagnostics dispatch factors fleet force_resume identity"
+    " ledger lifecycle lineage migration outcomes policy pool queues rank_facts records residency"
+    " residency_prompts resume resume_order scheduler state table telemetry timers token_estimator"
+    " ttl_weighing usage warmup"
 )
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on

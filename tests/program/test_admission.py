@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import T0, T1, Harness
-from progrouter.program.admission import Rejection, plan, rank_view
+from progrouter.program.admission import Rejection, plan
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,21 +57,21 @@ def test_quick_refusal_never_refuses_what_plan_would_admit(
 
 
 def _check_every_queue(h: Harness) -> int:
-    core = h.scheduler._core
+    core = h.scheduler
     checked = 0
-    for target_id in core.targets:
-        queue = core.queues.get(target_id)
+    for target_id in core._fleet.targets:
+        queue = core._queues.get(target_id)
         if queue is None or not len(queue):
             continue
-        view = rank_view(core, target_id, h.now)
+        view = core._views.of(target_id, h.now)
         bound_refuses = not view.admits_some(queue.min_required(), queue.min_uncached())
         for program in queue.ordered():
-            entry, force = program.queue_entry, program.force_resume
+            entry, force = queue.entry(program), core._keeper.record(program)
             assert entry is not None
             if force is not None and force.deadline <= h.now:
                 continue  # a forced candidate is never refused early
             quick = isinstance(view.judge(entry.required, entry.uncached), Rejection)
-            admitted = not isinstance(plan(view, program, h.now), Rejection)
+            admitted = not isinstance(plan(view, program, entry, h.now), Rejection)
             assert not (admitted and (quick or bound_refuses)), (program.ref, entry)
             checked += 1
     return checked

@@ -93,14 +93,14 @@ def test_distinct_programs_leave_bounded_state(harness: Any) -> None:
     """Paused Programs past the cap are released oldest first; lineage, generation fence and timer heap
     stay as large as the live set (plus the fence), however many distinct Programs come and go."""
     h: Harness = harness(max_paused_programs=10, paused_retention_ttl_seconds=1800.0)
-    core = h.scheduler._core
+    core = h.scheduler
     for i in range(500):
         handle = h.at(float(i)).arrive(f"p{i}")
         h.complete(handle)  # fitted TTL 0: Paused at once, retained for 1800 s but for the cap
-        assert len(core.table) <= 10 + 1
-        assert len(core.lineage) == len(core.table)
-        assert core.table.fenced <= 10
-        assert len(core.timers) <= 2 * 4 * (len(core.table) + len(core.targets)) + 1024
+        assert len(core._table) <= 10 + 1
+        assert len(core._lineage) == len(core._table)
+        assert core._table.fenced <= 10
+        assert len(core._timers) <= 2 * 4 * (len(core._table) + len(core._fleet.targets)) + 1024
     assert h.program("p0") is None and h.program("p489") is None  # the oldest went first
     assert h.program("p490") is not None and h.program("p499") is not None
     assert len(h.transitions("paused_retention_release")) == 490

@@ -1,7 +1,7 @@
 """The fence around Program state: every ``Program`` field is written only by its owner (``FIELD_OWNERS``).
 
 The check reads the source: an assignment, augmented assignment or ``del`` whose target is an attribute named
-like a Program field (or an item of one, like ``timer_due[kind]``), or a mutating call on such an attribute,
+like a Program field (or an item of one, like ``completions[kind]``), or a mutating call on such an attribute,
 counts as a write by the module it is in. Writes through ``self`` are a class's own attributes, not a
 Program's, and are left out (``Program`` has no method that writes).
 """
@@ -78,17 +78,17 @@ def test_only_the_owner_writes_a_program_field(path: Path) -> None:
 def test_the_fence_catches_writes_from_outside() -> None:
     source = (
         "def f(program, kind):\n"
-        "    program.force_resume = None\n"
+        "    program.pause = None\n"
         "    program.segment, x = None, 1\n"
         "    program.in_flight += 1\n"
-        "    del program.timer_due[kind]\n"
-        "    program.timer_due.pop(kind)\n"
+        "    del program.completions[kind]\n"
+        "    program.completions.pop(kind)\n"
         "    self.state = 1\n"
     )
     assert writes(source) == [
-        (2, "force_resume"),
+        (2, "pause"),
         (3, "segment"),
         (4, "in_flight"),
-        (5, "timer_due"),
-        (6, "timer_due"),
+        (5, "completions"),
+        (6, "completions"),
     ]

@@ -45,7 +45,7 @@ def test_blocks_keep_the_order_and_bounds_of_a_sorted_list(
             serial = rng.choice(sorted(live))
             program, _ = live.pop(serial)
             queue.remove(program)
-            assert program.queue_entry is None
+            assert queue.entry(program) is None
         else:
             program = _program(m, step)
             key = (rng.randint(0, 1), 0, 0, rng.random(), 0.0, program.ref.program_id, program.serial)

@@ -185,7 +185,7 @@ def _look_twice(h: Harness) -> None:
 def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
     """The counted aggregates (no scan of every Program) equal a scan of every Program; ``seen`` counts
     the cases met."""
-    programs = list(h.scheduler._core.table)
+    programs = list(h.scheduler._table)
     for rank in h.diagnostics()["ranks"]:
         here = [p for p in programs if p.last_target == rank["target_id"]]
         statuses = Counter(p.status for p in here if p.state is ProgramState.PAUSED)
@@ -199,6 +199,12 @@ def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
             p.serial for p in programs if view.shown_state(p) == state
         )
         assert view.counts()[state] == len(members)
+        rows = view.rows(state, 0, len(programs))  # the same Programs, as frozen rows
+        assert [r.program for r in rows] == [p.redacted for p in members]
+        assert all(
+            r.state == state and r.pooled_requests == view.waiting(p)
+            for r, p in zip(rows, members, strict=True)
+        )
     assert view.members(None, 0, len(programs)) == programs
     seen.update(state for state in SHOWN_STATES if view.counts()[state])
 

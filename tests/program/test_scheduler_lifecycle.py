@@ -35,7 +35,7 @@ def sample(
 
 def mature_window(h: Harness, target: str, samples: list[RequestSample]) -> None:
     """Fill a Rank's request window with known samples (the window belongs to ``factors.RankFactors``)."""
-    factors = h.scheduler._core.rank_factors(target)
+    factors = h.scheduler._stats.of(target)
     for s in samples:
         factors.push_request(s)
 
@@ -127,7 +127,7 @@ def test_ttl_expiry_records_segment_rounds(harness: Any) -> None:
     h.tick(h.now + 1000.0)
     rolling = h.rank()["rolling"]
     assert rolling["ttl_pause_samples"] == 1
-    assert h.scheduler._core.factors[T0].ttl_pause_rounds() == [3]
+    assert h.scheduler._stats.of(T0).ttl_pause_rounds() == [3]
     assert h.program("a")["rounds_since_ttl_pause"] == 0  # type: ignore[index]
 
 
@@ -362,7 +362,8 @@ def test_fallback_and_recovery_are_logged_once_per_change(harness: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------ global queue
-def global_harness(harness: Any, resume_order: str) -> Harness:
+def global_harness(harness: Any, resume_order: str, **fields: Any) -> Harness:
+    """``fields``: more scheduling config."""
     h: Harness = harness(
         global_queue=True,
         resume_order=resume_order,
@@ -370,6 +371,7 @@ def global_harness(harness: Any, resume_order: str) -> Harness:
         max_active_programs_per_target=1,
         stats_window_size=2,
         admission_waiting_request_threshold=0,
+        **fields,
     )
     for i, p in enumerate(("a", "b")):  # a and b run once on T0 and pause (a finishes first)
         handle = h.at(1.0 + i).arrive(p)
@@ -418,10 +420,10 @@ def test_timers_do_not_pile_up_over_many_pauses(harness: Any) -> None:
         handle = h.at(h.now + 0.1).arrive("a", kv_retention_ttl_seconds=None if i % 2 else 0.05)
         h.at(h.now + 0.1).complete(handle)
     h.tick(h.now + 1.0)  # (the continuity window matured on the way: the last TTL was fitted, now expired)
-    program = h.scheduler._core.table.get(POOL, "a")
+    program = h.scheduler._table.get(POOL, "a")
     assert program is not None and program.paused_at is not None
     paused_at = program.paused_at
-    assert len(h.scheduler._core.timers) <= 3, len(h.scheduler._core.timers)
+    assert len(h.scheduler._timers) <= 3, len(h.scheduler._timers)
     early = h.scheduler.next_deadline()  # the first pause's entry: it wakes early and re-arms
     assert early is not None and early <= paused_at + 1800.0
     h.tick(early)
@@ -438,14 +440,14 @@ def test_a_released_program_is_let_go_by_the_timers_at_once(harness: Any) -> Non
     for i in range(20):
         handle = h.at(h.now + 0.1).arrive(f"p{i}", kv_retention_ttl_seconds=0.0)
         h.at(h.now + 0.1).complete(handle)  # pauses at once; past two idle Paused, the oldest is released
-    core = h.scheduler._core
-    held = list(core.timers._programs.values())
-    assert len(held) == 2 and all(core.table.lookup(p.ref) is p for p in held)
-    assert len(core.timers) >= 20  # the released Programs' entries are still queued (as serials)
-    payloads = list(core.timers._payloads.values())
-    assert not [p for p in payloads if isinstance(p, Program) and core.table.lookup(p.ref) is not p]
+    core = h.scheduler
+    held = list(core._timers._programs.values())
+    assert len(held) == 2 and all(core._table.lookup(p.ref) is p for p in held)
+    assert len(core._timers) >= 20  # the released Programs' entries are still queued (as serials)
+    payloads = list(core._timers._payloads.values())
+    assert not [p for p in payloads if isinstance(p, Program) and core._table.lookup(p.ref) is not p]
     h.tick(h.now + 1801.0)
-    assert len(core.table) == 0 and not core.timers._programs
+    assert len(core._table) == 0 and not core._timers._programs and not core._timers._due
 
 
 def test_an_expiring_observation_is_a_deadline(harness: Any) -> None:

@@ -225,55 +225,60 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_has_exactly_one_fate(self) -> None:
-        core = self.scheduler._core
-        assert len(core.pool) == len(self.retained)
+        core = self.scheduler
+        assert len(core._pool) == len(self.retained)
         for handle in self.retained.values():
-            assert core.pool.retained(handle.id) is not None
+            assert core._pool.retained(handle.id) is not None
         assert not set(self.retained) & set(self.resolved)
 
     @invariant()
     def no_program_starves_past_its_force_deadline(self) -> None:
-        core = self.scheduler._core
+        core = self.scheduler
         threshold = self.config.admission_waiting_request_threshold
-        for program in core.table:
-            deadline = program.force_resume_deadline
-            if program.queue_key is None or deadline is None or deadline > self.now:
+        for program in core._table:
+            force = core._keeper.record(program)
+            deadline = None if force is None else force.deadline
+            if core._queues.key(program) is None or deadline is None or deadline > self.now:
                 continue
-            observation = core.ledger.fresh_observation(program.last_target or "", self.now)
+            observation = core._ledger.fresh_observation(program.last_target or "", self.now)
             gated = observation is not None and observation.waiting >= threshold
             # forced resumes past the limits go one at a time per Rank: the next waits while one is there
-            overflow = core.table.peek_rank(program.last_target or "").overflow is not None
+            overflow = core._table.peek_rank(program.last_target or "").overflow is not None
             late = self.now - deadline
             assert gated or overflow, f"{program.ref} waits {late:.2f}s past its force deadline"
 
     @invariant()
     def forced_resumes_exceed_the_count_by_at_most_one(self) -> None:
-        core = self.scheduler._core
+        core = self.scheduler
         for target in TARGETS:
-            active = core.table.peek_rank(target.id).active_count
+            active = core._table.peek_rank(target.id).active_count
             assert active <= self.config.max_active_programs_per_target + 1, (target.id, active)
 
     @invariant()
     def ledger_and_indexes_agree_with_states(self) -> None:
-        core = self.scheduler._core
+        core = self.scheduler
         charged: dict[str, int] = {}
-        for program in core.table:
-            waiting = core.pool.waiting(program)
+        for program in core._table:
+            waiting = core._pool.waiting(program)
             if program.state is ProgramState.ACTIVE:
                 assert program.placement is not None and program.placement == program.last_target
-                charged[program.placement] = charged.get(program.placement, 0) + program.charged_tokens
-                rank = core.table.ranks[program.placement]
+                charged[program.placement] = charged.get(program.placement, 0) + core._ledger.charged(program)
+                rank = core._table.ranks[program.placement]
                 index = rank.reasoning if program.status is ProgramStatus.REASONING else rank.acting
                 assert program in index
-                assert waiting == 0 and program.queue_key is None
+                assert waiting == 0 and core._queues.key(program) is None
             else:
-                assert program.placement is None and program.charged_tokens == 0 and program.in_flight == 0
+                assert (
+                    program.placement is None
+                    and core._ledger.charged(program) == 0
+                    and program.in_flight == 0
+                )
                 queued = waiting > 0 and program.last_target is not None
-                assert (program.queue_key is not None) == queued
+                assert (core._queues.key(program) is not None) == queued
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)
-        for target_id in core.targets:
-            assert core.ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
-            rank = core.table.ranks[target_id]
+        for target_id in core._fleet.targets:
+            assert core._ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
+            rank = core._table.ranks[target_id]
             histogram = [0] * len(rank.rounds)
             impacts = [0.0] * len(rank.rounds)
             for program in rank.active():
@@ -306,8 +311,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.scheduler.tick(self.now)
         self.advance(self.config.paused_retention_ttl_seconds + 10.0)
         self.scheduler.tick(self.now)
-        core = self.scheduler._core
-        assert len(core.table) == 0, [
+        core = self.scheduler
+        assert len(core._table) == 0, [
             (
                 p.ref,
                 p.state,
@@ -318,11 +323,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 p.last_target,
                 self.now,
             )
-            for p in core.table
+            for p in core._table
         ]
-        for target_id in core.targets:
-            assert core.ledger.ledger_tokens(target_id) == 0
-            assert core.table.ranks[target_id].active_count == 0
+        for target_id in core._fleet.targets:
+            assert core._ledger.ledger_tokens(target_id) == 0
+            assert core._table.ranks[target_id].active_count == 0
         assert self.scheduler.diagnostics(self.now)["retained_requests"] == 0
 
 

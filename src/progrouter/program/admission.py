@@ -21,7 +21,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.ledger import required_tokens
 from progrouter.program.policy import (
     BatchGainEstimate,
     BatchGainRank,
@@ -32,9 +31,9 @@ from progrouter.program.policy import (
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
+    from progrouter.program.records import QueueEntry
     from progrouter.program.state import Program, RankPrograms
     from progrouter.program.types import BackendObservation
-    from progrouter.program.views import Queueing, RankSource
 
 
 class Rejection(StrEnum):
@@ -283,29 +282,18 @@ class AdmissionPlan(NamedTuple):
     reserve: float
 
 
-def rank_view(core: RankSource, target_id: str, now: float) -> RankView:
-    """The view of one Rank now, from the table, the rolling statistics and the ledger."""
-    observation, used = core.ledger.admission_facts(target_id, now)
-    return RankView(
-        core.config, target_id, core.table.ranks[target_id], core.factors.get(target_id), observation, used
-    )
-
-
 def uncached_tokens(program: Program) -> int:
     """What a cold start of the Program recomputes: its context beyond the shared prefix."""
     return max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
 
 
-def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Rejection:
-    """Admit a queued ``program`` on the view's Rank now? The waiting gate, then ``judge`` with the demand
-    it was queued with; a forced resume passes a refusal unless the Rank already holds one past its
-    limits."""
+def plan(view: RankView, program: Program, entry: QueueEntry, now: float) -> AdmissionPlan | Rejection:
+    """Admit a queued ``program`` (``entry``: its queue entry) on the view's Rank now? The waiting gate,
+    then ``judge`` with the demand it was queued with; a forced resume passes a refusal unless the Rank
+    already holds one past its limits."""
     if view.gate_blocked:
         return Rejection.WAITING_GATE
-    force = program.force_resume
-    forced = force is not None and force.deadline <= now
-    entry = program.queue_entry
-    assert entry is not None
+    forced = entry.forced_at <= now  # its force-resume deadline, as it was queued with it
     required = entry.required
     batch_gain = overflow = False
     verdict = view.judge(required, uncached_tokens(program))
@@ -323,13 +311,10 @@ def plan(view: RankView, program: Program, now: float) -> AdmissionPlan | Reject
     return _admission(view, required, view.reserve, forced=forced, batch_gain=batch_gain, overflow=overflow)
 
 
-def plan_binding_only(core: Queueing, program: Program, now: float) -> AdmissionPlan:
-    """``binding_only``: the Program is admitted on its last Rank with no capacity check at all."""
-    assert program.last_target is not None
-    view = rank_view(core, program.last_target, now)
-    return _admission(
-        view, required_tokens(program, core.pool.front_hints(program), core.config.decode_buffer_tokens), 0.0
-    )
+def plan_binding_only(view: RankView, required: int) -> AdmissionPlan:
+    """``binding_only``: the Program is admitted on its last Rank (``view``'s) with no capacity check at all;
+    ``required``: its demand."""
+    return _admission(view, required, 0.0, forced=False, batch_gain=False, overflow=False)
 
 
 def _admission(

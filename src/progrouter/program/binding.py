@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig
-from progrouter.program.admission import rank_view
-from progrouter.program.ledger import required_tokens
+from progrouter.program.demand import required_tokens
 from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
 
 if TYPE_CHECKING:
-    from progrouter.program.views import Queueing
+    from progrouter.program.ledger import CapacityLedger
+    from progrouter.program.pool import RequestPool
+    from progrouter.program.queues import RankQueues
+    from progrouter.program.rank_facts import RankViews
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,19 +114,27 @@ class Binder:
 
 
 def binding_candidates(
-    core: Queueing, model_pool: str, estimated_context_tokens: int, now: float
+    config: ProgramSchedulingConfig,
+    views: RankViews,
+    queues: RankQueues,
+    pool: RequestPool,
+    ledger: CapacityLedger,
+    target_ids: Sequence[str],
+    estimated_context_tokens: int,
+    now: float,
 ) -> list[BindingCandidate]:
-    """Per-Rank facts for the load-aware strategies: O(queued Programs of the pool), once per generation."""
-    capacity = core.config.token_capacity_per_dp_rank
-    decode_buffer = core.config.decode_buffer_tokens
+    """Per-Rank facts for the load-aware strategies over ``target_ids`` (a pool's): O(queued Programs of the
+    pool), once per generation."""
+    capacity = config.token_capacity_per_dp_rank
+    decode_buffer = config.decode_buffer_tokens
     out = []
-    for target_id in core.pool_targets.get(model_pool, []):
-        view = rank_view(core, target_id, now)
-        queue = core.queues.get(target_id)
+    for target_id in target_ids:
+        view = views.of(target_id, now)
+        queue = queues.get(target_id)
         queued = (
             []
             if queue is None
-            else [(p, required_tokens(p, core.pool.front_hints(p), decode_buffer)) for p in queue.ordered()]
+            else [(p, required_tokens(p, pool.front_hints(p), decode_buffer)) for p in queue.ordered()]
         )
         pending_new = sum(tokens for p, tokens in queued if p.completions.requests == 0)
         pressure = 0.0 if capacity is None else min(1.0, max(0.0, (view.used + pending_new) / capacity))
@@ -132,7 +142,7 @@ def binding_candidates(
             BindingCandidate(
                 target_id=target_id,
                 accounted_programs=view.active + len(queued),
-                accounted_tokens=core.ledger.ledger_tokens(target_id) + sum(t for _, t in queued),
+                accounted_tokens=ledger.ledger_tokens(target_id) + sum(t for _, t in queued),
                 kv_pressure=pressure,
                 # admission's count guard and immediate token check, with upstream's binding demand
                 immediately_admissible=view.count_fits

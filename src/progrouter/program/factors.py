@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, ValuesView
 from typing import NamedTuple
 
 __all__ = ["ContinuitySample", "LogNormalFit", "RankFactors", "RequestSample"]
@@ -326,3 +326,32 @@ class RankFactors:
         self._log_sq_sum = math.fsum([x * x for x in logs])
         self._log_count = len(logs)
         self._continuity_evictions = 0
+
+
+class RankStats:
+    """Every Rank's ``RankFactors``, each made when its first sample arrives; dropped with the Rank."""
+
+    __slots__ = ("_by_rank", "_window")
+
+    def __init__(self, window_size: int) -> None:
+        self._window = window_size
+        self._by_rank: dict[str, RankFactors] = {}
+
+    def get(self, target_id: str) -> RankFactors | None:
+        return self._by_rank.get(target_id)
+
+    def of(self, target_id: str) -> RankFactors:
+        """The Rank's statistics, made empty on first use (to push a sample)."""
+        factors = self._by_rank.get(target_id)
+        if factors is None:
+            factors = self._by_rank[target_id] = RankFactors(self._window)
+        return factors
+
+    def values(self) -> ValuesView[RankFactors]:
+        return self._by_rank.values()
+
+    def __len__(self) -> int:
+        return len(self._by_rank)
+
+    def forget(self, target_id: str) -> None:
+        self._by_rank.pop(target_id, None)

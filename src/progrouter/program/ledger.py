@@ -21,34 +21,13 @@ from progrouter.program.policy import (
     capacity_accounting_source,
     estimate_active_program_tokens,
     observation_fresh,
-    private_tokens,
     target_usage,
 )
-from progrouter.program.types import BackendObservation, RequestHints
+from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
     from progrouter.program.agenda import Agenda
     from progrouter.program.state import Program, RankPrograms
-
-
-def program_private_tokens(
-    program: Program, decode_buffer_tokens: int, expected_output_tokens: int | None = None
-) -> int:
-    """A Program's private demand: max(0, context − shared prefix) + (expected output, else decode buffer)."""
-    return private_tokens(
-        program.estimated_context_tokens,
-        program.shared_prefix.tokens,
-        expected_output_tokens=expected_output_tokens,
-        output_token_reservation=program.output_token_reservation,
-        decode_buffer_tokens=decode_buffer_tokens,
-    )
-
-
-def required_tokens(program: Program, front: RequestHints | None, decode_buffer_tokens: int) -> int:
-    """A waiting Program's demand: its private tokens with its front request's expected output, if given
-    (``front``: the hints of its front request)."""
-    expected = front.expected_output_tokens if front is not None else None
-    return program_private_tokens(program, decode_buffer_tokens, expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +75,7 @@ class CapacityLedger:
         self.accounts: dict[str, RankAccount] = {}
         self._agenda = agenda
         self._revision = 0
+        self._charged: dict[Program, int] = {}  # every Active Program's charge: the ledger's own table
 
     def account(self, target_id: str) -> RankAccount:
         account = self.accounts.get(target_id)
@@ -116,11 +96,15 @@ class CapacityLedger:
         self._revision += 1
 
     # -------------------------------------------------------------------------------------------- ledger
+    def charged(self, program: Program) -> int:
+        """The private tokens ``program`` holds charged on its placement (0 unless it is Active)."""
+        return self._charged.get(program, 0)
+
     def charge(self, program: Program, target_id: str, tokens: int) -> None:
         account = self.account(target_id)
         account.ledger_tokens += tokens
         account.delta += tokens
-        program.charged_tokens = tokens
+        self._charged[program] = tokens
         self._agenda.capacity_changed(target_id)
 
     def recharge(self, program: Program, tokens: int) -> None:
@@ -128,21 +112,22 @@ class CapacityLedger:
         target = program.placement
         if target is None:
             return
-        diff = tokens - program.charged_tokens
+        charged = self._charged
+        diff = tokens - charged.get(program, 0)
         if diff:
             account = self.account(target)
             account.ledger_tokens += diff
             account.delta += diff
-            program.charged_tokens = tokens
+            charged[program] = tokens
             self._agenda.capacity_changed(target)
 
     def discharge(self, program: Program, target_id: str) -> None:
+        tokens = self._charged.pop(program, 0)
         account = self.accounts.get(target_id)
         if account is not None:
-            account.ledger_tokens -= program.charged_tokens
-            account.delta -= program.charged_tokens
+            account.ledger_tokens -= tokens
+            account.delta -= tokens
             self._agenda.capacity_changed(target_id)
-        program.charged_tokens = 0
 
     def review_sources(
         self, target_ids: Iterable[str], now: float
@@ -206,6 +191,11 @@ class CapacityLedger:
         account = self.accounts.get(target_id)
         return 0 if account is None else account.ledger_tokens
 
+    def charged_sum(self, programs: Iterable[Program]) -> int:
+        """The charges of ``programs`` together."""
+        charged = self._charged
+        return sum(charged.get(p, 0) for p in programs)
+
     # --------------------------------------------------------------------------------------- observation
     def checkpoint(self, target_id: str, rank: RankPrograms) -> RankCheckpoint:
         """The router's view of a Rank as a scrape begins (charged tokens = the Programs' private demand)."""
@@ -213,8 +203,8 @@ class CapacityLedger:
             delta=self.account(target_id).delta,
             active_reasoning_programs=len(rank.reasoning),
             active_reasoning_requests=sum(p.in_flight for p in rank.reasoning),
-            reasoning_private_tokens=sum(p.charged_tokens for p in rank.reasoning),
-            acting_private_tokens=sum(p.charged_tokens for p in rank.acting),
+            reasoning_private_tokens=self.charged_sum(rank.reasoning),
+            acting_private_tokens=self.charged_sum(rank.acting),
         )
 
     def apply(

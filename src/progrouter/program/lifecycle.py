@@ -1,9 +1,12 @@
 """What happens to a Program after admission: completion, Progress-TTL, pauses, repair and release.
 
+``Lifecycle`` does all of it but capacity repair (``CapacityRepair``, which pauses through it); it owns the
+idle Paused Programs (``paused_idle``), oldest first.
+
 - Completion (upstream §3.10): usage becomes rolling samples and segment bookkeeping; an idle Program then
   either terminates, pauses (failed request, or marked by capacity repair) or arms its acting TTL — the
-  request's ``kv_retention_ttl_seconds`` if given, else the TTL fitted to the Rank's continuity window
-  (0 until that window is complete, which pauses the Program at once).
+  request's ``kv_retention_ttl_seconds`` if given, else the one its ``acting_ttl.TTLPolicy`` gives (the
+  spec's: fitted to the Rank's continuity window, 0 until that window is complete, which pauses at once).
 - TTL expiry pauses an idle Active+Acting Program (``ttl_expired``) and records its segment rounds.
 - Segment yield (§3.11): a Program that served ``max_segment_rounds`` continuous rounds yields to a waiter of
   its Rank that future relief does not already cover; it resumes with a one-shot lower rank.
@@ -17,11 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.config import ActingTTLPolicy, ProgramSchedulingConfig
-from progrouter.program import ttl_weighing, warmup
+from progrouter.program.demand import program_private_tokens, required_tokens
 from progrouter.program.factors import ContinuitySample, RequestSample
-from progrouter.program.ledger import program_private_tokens, required_tokens
-from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
 from progrouter.program.policy import (
     RepairVictim,
     cache_continuous,
@@ -46,37 +46,27 @@ from progrouter.program.timers import ACTING_TTL, PAUSED_RETENTION
 from progrouter.program.types import UsageObservation
 
 #: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)
-_TTL_EXPIRED, _WEIGHED, _FIXED = PauseReason.TTL_EXPIRED, ActingTTLPolicy.WEIGHED, ActingTTLPolicy.FIXED
+_TTL_EXPIRED = PauseReason.TTL_EXPIRED
 
 if TYPE_CHECKING:
-    from progrouter.program.factors import RankFactors
-    from progrouter.program.state import Program, ProgramTable, RankPrograms
-    from progrouter.program.views import Arriving, Completing, Pausing, Repairing
+    from progrouter.config import ProgramSchedulingConfig
+    from progrouter.program.acting_ttl import TTLPolicy
+    from progrouter.program.agenda import Agenda
+    from progrouter.program.factors import RankFactors, RankStats
+    from progrouter.program.fleet import Fleet
+    from progrouter.program.force_resume import ForceResumeKeeper
+    from progrouter.program.ledger import CapacityLedger
+    from progrouter.program.lineage import ProgramLineage
+    from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
+    from progrouter.program.pool import RequestPool
+    from progrouter.program.queues import RankQueues
+    from progrouter.program.state import Program, RankPrograms
+    from progrouter.program.table import ProgramTable
+    from progrouter.program.telemetry import Telemetry
+    from progrouter.program.timers import Timers
 
 
-# --------------------------------------------------------------------------------------------- arrival side
-def arrived(core: Arriving, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
-    """A request of ``program`` arrived (``new``: its generation was just created): its identity, step,
-    context and hints are the request's now, and it is Reasoning until it is idle again."""
-    identity = request.identity
-    if new:
-        program.pause = Pause(now, None)
-        program.step_id = identity.step_id if identity.step_id is not None else 0
-    else:
-        record_continuity(core, program, now)
-        program.identity = identity
-        program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
-    core.paused_idle.pop(program, None)  # it has a request: not idle any more
-    core.lineage.link(
-        request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
-    )
-    if request.estimated_context_tokens > program.estimated_context_tokens:
-        core.table.set_context(program, request.estimated_context_tokens)
-    program.output_token_reservation = request.hints.expected_output_tokens
-    program.last_hints = request.hints
-    core.table.retain(program)
-
-
+# ------------------------------------------------------------------------------- records without a component
 def activated(program: Program, now: float) -> None:
     """Admission placed the Program: no TTL, no pause (the segment-yield marker goes), a segment starts."""
     program.acting_ttl = None
@@ -97,40 +87,6 @@ def rebound(program: Program, now: float) -> None:
     program.shared_prefix = SharedPrefix(shared.tokens, False, shared.anchor_at, shared.fresh_until)
 
 
-def withdrawn_idle(core: Pausing, program: Program, now: float) -> None:
-    """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
-    starts (or keeps) its retention clock."""
-    if program.completions.requests == 0:
-        release(core, program, now)
-    elif program.state is ProgramState.PAUSED:
-        if program.pause is None:
-            program.pause = Pause(now, None)
-        arm_retention(core, program)
-
-
-def record_continuity(core: Arriving, program: Program, now: float) -> None:
-    """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
-    finished = program.completions.last_finished_at
-    target = program.last_target
-    if program.in_flight or finished is None or target is None or target not in core.targets:
-        return
-    interval = max(0.0, now - finished)
-    core.rank_factors(target).push_continuity(
-        ContinuitySample(interval, program.last_cache_miss_impact_seconds)
-    )
-    if core.observing:
-        core.observer.histogram("request_interval_seconds", interval, target=target)
-    if core.debugging:
-        core.observer.event(
-            "debug",
-            "continuity_sample",
-            program=program.redacted,
-            target=target,
-            interval_seconds=interval,
-            cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
-        )
-
-
 def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -> None:
     """Growth applies at once; a shrink only after two consecutive lower observations."""
     if prompt_tokens >= program.estimated_context_tokens:
@@ -141,190 +97,6 @@ def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -
     if program.context_shrink_observations >= 2:
         table.set_context(program, prompt_tokens)
         program.context_shrink_observations = 0
-
-
-# ------------------------------------------------------------------------------------------------ completion
-def complete(
-    core: Completing,
-    program: Program,
-    dispatch: ProgramDispatch,
-    now: float,
-    *,
-    success: bool,
-    usage: UsageObservation | None,
-    decode_seconds: float | None,
-    terminate: bool,
-) -> None:
-    """Apply one (current-epoch) completion; the caller already checked it is not stale."""
-    config = core.config
-    target = dispatch.target.id
-    factors = core.rank_factors(target)
-    usage = usage or UsageObservation()
-    prompt = usage.prompt_tokens if usage.prompt_tokens is not None else dispatch.estimated_context_tokens
-    explicit_cached = usage.cached_tokens
-    cached = min(
-        prompt,
-        explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
-    )
-    impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
-    idle = core.table.request_finished(program)
-    if usage.prompt_tokens is not None:
-        observe_context(core.table, program, usage.prompt_tokens)
-    if success:
-        continuous = _segment_bookkeeping(
-            core, program, dispatch, now, prompt, cached, explicit_cached, impact
-        )
-        previous = program.completions.last_context_tokens
-        factors.push_request(
-            RequestSample(  # (by position: keywords cost a dict per completion)
-                prompt,
-                usage.completion_tokens or 0,
-                cached,
-                context_growth(prompt, previous if previous > 0 else None),
-                max(0.0, now - dispatch.dispatched_at),  # end to end
-                decode_seconds,
-                dispatch.queued_seconds,
-                program.segment.rounds_since_ttl_pause,
-                now,  # finished at
-            )
-        )
-        core.agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
-        program.completions = Completions(program.completions.requests + 1, now, prompt)
-        core.table.count_completion(program, impact, round_served=continuous)
-    program.output_token_reservation = None
-    if program.state is ACTIVE and not program.pause_when_idle:
-        core.ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
-    if idle:
-        _went_idle(core, program, dispatch, now, success=success, terminate=terminate, impact=impact)
-
-
-def _went_idle(
-    core: Completing,
-    program: Program,
-    dispatch: ProgramDispatch,
-    now: float,
-    *,
-    success: bool,
-    terminate: bool,
-    impact: float,
-) -> None:
-    """The completion left the Program idle: it ends, pauses, or keeps its placement for an acting TTL
-    (the request's hint, else the TTL fitted to its Rank) and may then yield its segment."""
-    config = core.config
-    if terminate:
-        release(core, program, now)
-    elif program.pause_when_idle:
-        pause(core, program, PauseReason.CAPACITY_REPAIR, now)
-    elif not success:
-        pause(core, program, PauseReason.REQUEST_FAILED, now)
-    else:
-        hint_ttl = dispatch.hints.kv_retention_ttl_seconds
-        if hint_ttl is not None:
-            arm_ttl(core, program, min(hint_ttl, config.max_kv_retention_ttl_seconds), "request_hint", now)
-        elif config.acting_ttl_policy is _FIXED:
-            arm_ttl(core, program, config.max_acting_ttl_seconds, "fixed", now)
-        else:
-            ttl = warmup.fitted_ttl(core, dispatch.target.id, impact)  # the spec's, bar stats_warmup
-            if config.acting_ttl_policy is _WEIGHED:
-                ttl = ttl_weighing.hold_seconds(core, program, dispatch.target.id, 0.0)
-            arm_ttl(core, program, ttl, "fitted", now)
-        if program.state is ACTIVE and not config.binding_only:
-            segment_yield(core, program, now)
-
-
-def _segment_bookkeeping(
-    core: Pausing,
-    program: Program,
-    dispatch: ProgramDispatch,
-    now: float,
-    prompt: int,
-    cached: int,
-    explicit_cached: int | None,
-    impact: float,
-) -> bool:
-    """Rounds and segments of a successful completion; a placement start that lost the cache begins a
-    new segment and observes the shared prefix. Returns whether the round was continuous (the caller
-    counts it with the completion's impact, in one move of the Rank's round histogram)."""
-    previous = program.completions.last_context_tokens
-    continuous = cache_continuous(previous if previous > 0 else None, cached)
-    segment = program.segment
-    started_at, served = segment.started_at, segment.served_rounds
-    if dispatch.placement_start_request and (previous <= 0 or not continuous):
-        started_at, served = dispatch.dispatched_at, 0
-        _observe_shared_prefix(core, program, dispatch.target.id, explicit_cached, now)
-    program.segment = Segment(
-        started_at,
-        served + 1,
-        segment.ttl_pause_sampled_rounds,
-        segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
-    )
-    if core.observing:
-        _report_cache(core, program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous)
-    return continuous
-
-
-def _observe_shared_prefix(
-    core: Pausing, program: Program, target: str, explicit_cached: int | None, now: float
-) -> None:
-    """A new segment observes the shared prefix, unless the last observation is still fresh."""
-    shared = program.shared_prefix
-    if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
-        return
-    lifetime = shared_prefix_lifetime(
-        core.config, core.factors.get(target), len(core.table.ranks[target].reasoning)
-    )
-    # Missing cached usage is no evidence of a shared prefix: it observes 0.
-    program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
-    if explicit_cached is not None and core.observing:
-        core.observer.histogram("shared_prefix_observed_tokens", explicit_cached, target=target)
-
-
-def _report_cache(
-    core: Pausing,
-    program: Program,
-    dispatch: ProgramDispatch,
-    prompt: int,
-    cached: int,
-    explicit_cached: int | None,
-    impact: float,
-    previous: int,
-    continuous: bool,
-) -> None:
-    observer = core.observer
-    target = dispatch.target.id
-    if (
-        explicit_cached is not None
-        and previous > 0
-        and not dispatch.placement_start_request
-        and not continuous
-    ):
-        observer.event(
-            "info",
-            "unexpected_cache_discontinuity",
-            program=program.redacted,
-            target=target,
-            prompt_tokens=prompt,
-            cached_tokens=explicit_cached,
-            previous_context_tokens=previous,
-            hit_ratio_vs_previous=explicit_cached / previous,
-            uncached_tokens=max(0, prompt - explicit_cached),
-            estimated_miss_tokens=max(0, previous - explicit_cached),
-            cache_miss_impact_seconds=impact,
-            segment_served_rounds=program.segment.served_rounds,
-        )
-    if core.debugging:
-        observer.event(
-            "debug",
-            "cache_observation",
-            program=program.redacted,
-            target=target,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            explicit_cached=explicit_cached is not None,
-            continuous=continuous,
-            cache_miss_impact_seconds=impact,
-        )
-    observer.histogram("cache_miss_impact_seconds", impact, target=target)
 
 
 def shared_prefix_lifetime(
@@ -344,120 +116,6 @@ def shared_prefix_lifetime(
     )
 
 
-# ---------------------------------------------------------------------------------------------- Progress-TTL
-def arm_ttl(core: Pausing, program: Program, ttl: float, source: str, now: float) -> None:
-    """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
-    target = program.placement
-    assert target is not None
-    ttl = max(0.0, ttl)
-    if core.observing:
-        core.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
-    if core.debugging:
-        core.observer.event(
-            "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
-        )
-    if ttl <= 0.0:
-        expire_ttl(core, program, now)  # (no ActingTTL record: the pause would drop it at once)
-    else:
-        program.acting_ttl = ActingTTL(now, now + ttl)
-        core.timers.arm(program, ACTING_TTL, now + ttl)
-
-
-def on_ttl_timer(core: Pausing, program: Program, now: float) -> None:
-    acting = program.acting_ttl
-    if program.phase != AA or acting is None:
-        return
-    deadline = acting.deadline
-    if deadline <= now:
-        hold = ttl_weighing.hold_seconds(core, program, program.placement or "", now - acting.since)
-        if hold > 0.0:  # the weighed TTL's check: held on (only under acting_ttl_policy "weighed")
-            program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
-            core.timers.arm(program, ACTING_TTL, deadline)
-            return
-        expire_ttl(core, program, now)
-    else:
-        core.timers.arm(program, ACTING_TTL, deadline)
-
-
-def expire_ttl(core: Pausing, program: Program, now: float) -> None:
-    target = program.placement
-    assert target is not None
-    segment = program.segment
-    rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
-    core.rank_factors(target).push_ttl_pause_rounds(max(0, rounds))
-    program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
-    pause(core, program, _TTL_EXPIRED, now)
-
-
-# ------------------------------------------------------------------------------------------ pause / release
-def pause(core: Pausing, program: Program, reason: PauseReason, now: float) -> None:
-    """An idle Active Program gives its placement up; its KV is no longer protected."""
-    released = program.charged_tokens
-    target = core.table.pause(program)
-    program.pause = Pause(now, reason)
-    program.acting_ttl = None
-    shared = program.shared_prefix
-    anchor, fresh_until = shared.anchor_at, shared.fresh_until
-    if anchor is not None and fresh_until is not None:  # its freshness restarts now
-        lifetime = max(0.0, fresh_until - anchor)
-        program.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
-    if core.observing:
-        core.observer.transition(target, reason.value)
-        core.observer.event(
-            "info",
-            "program_pause",
-            program=program.redacted,
-            target=target,
-            reason=reason.value,
-            released_private_tokens=released,
-        )
-    arm_retention(core, program)
-
-
-def arm_retention(core: Pausing, program: Program) -> None:
-    """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused, or earlier
-    by ``release_excess_paused``."""
-    assert program.pause is not None
-    due = program.pause.at + core.config.paused_retention_ttl_seconds
-    core.timers.arm(program, PAUSED_RETENTION, due)
-    idle = core.paused_idle
-    idle.pop(program, None)
-    idle[program] = None
-
-
-def release_excess_paused(core: Pausing, now: float) -> None:
-    """More than ``max_paused_programs`` idle Paused Programs: release those that went idle longest ago.
-    Run between events' steps (never inside a loop over Programs), so nobody is released under a caller."""
-    idle = core.paused_idle
-    while len(idle) > core.config.max_paused_programs:
-        release(core, next(iter(idle)), now, reason="paused_retention_release")
-
-
-def on_retention_timer(core: Pausing, program: Program, now: float) -> None:
-    pause = program.pause
-    if program.phase != PA or pause is None:
-        return  # it is waiting or Active again: the next pause arms a new release
-    due = pause.at + core.config.paused_retention_ttl_seconds
-    if due <= now:
-        release(core, program, now, reason="paused_retention_release")
-    else:
-        core.timers.arm(program, PAUSED_RETENTION, due)
-
-
-def release(core: Pausing, program: Program, now: float, *, reason: str | None = None) -> None:
-    """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
-    stays fenced while it is among the most recently released)."""
-    target = program.placement or program.last_target
-    core.queues.remove(program)
-    core.table.release(program)
-    core.timers.forget(program)
-    core.paused_idle.pop(program, None)
-    core.lineage.forget(program.ref.model_pool, program.ref.program_id)
-    if reason is not None and target is not None:
-        core.observer.transition(target, reason)
-
-
-# --------------------------------------------------------------------------------------------- segment yield
 def future_relief(rank: RankPrograms, decode_buffer_tokens: int) -> int:
     """Private tokens that marked Reasoning Programs will give back at their idle boundary."""
     return sum(
@@ -467,68 +125,493 @@ def future_relief(rank: RankPrograms, decode_buffer_tokens: int) -> int:
     )
 
 
-def segment_yield(core: Completing, program: Program, now: float) -> None:
-    """After ``max_segment_rounds`` continuous rounds, yield to a local waiter relief does not cover."""
-    if program.rounds_since_activation < core.config.max_segment_rounds:
-        return
-    target = program.placement
-    assert target is not None
-    queue = core.queues.get(target)
-    waiter = None if queue is None else queue.first()
-    if waiter is None:
-        return
-    decode_buffer = core.config.decode_buffer_tokens
-    if required_tokens(waiter, core.pool.front_hints(waiter), decode_buffer) > future_relief(
-        core.table.ranks[target], decode_buffer
-    ):
-        pause(core, program, PauseReason.MAX_SEGMENT_YIELD, now)
+class Lifecycle:
+    """Arrival, completion, Progress-TTL, segment yield, pause, paused retention and release."""
 
-
-# ------------------------------------------------------------------------------------------- capacity repair
-def capacity_repair(core: Repairing, target_id: str, now: float) -> None:
-    high, low = core.high_tokens, core.low_tokens
-    if high is None or low is None:
-        return
-    rank = core.table.ranks[target_id]
-    if not rank.active_count:
-        return
-    factors = core.factors.get(target_id)
-    avg_completion = repair_average_completion(factors)
-    decode_buffer = core.config.decode_buffer_tokens
-    marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING] if rank.marked else []
-    projected = projected_usage(
-        core.ledger.usage(target_id, now),
-        avg_completion,
-        len(rank.reasoning),
-        sum(program_private_tokens(p, decode_buffer) for p in marked) if marked else 0,  # (no generator)
-        len(marked),
+    __slots__ = (
+        "_agenda",
+        "_config",
+        "_decode_buffer",
+        "_fleet",
+        "_keeper",
+        "_ledger",
+        "_lineage",
+        "_max_hint_ttl",
+        "_pool",
+        "_queues",
+        "_stats",
+        "_table",
+        "_telemetry",
+        "_timers",
+        "_ttl",
+        "_yields",
+        "paused_idle",
     )
-    if projected <= high:
-        return
-    avg_prompt = 0.0 if factors is None else factors.average_prompt_tokens()
-    victims: dict[int, Program] = {}
-    candidates: list[RepairVictim] = []
-    for program in rank.active():
-        reasoning = program.status is ProgramStatus.REASONING
-        if reasoning and (program.pause_when_idle or not program.in_flight):
-            continue
-        started = program.segment.started_at
-        victim = RepairVictim(
-            program_id=program.ref.program_id,
-            reasoning=reasoning,
-            score=repair_score(
-                0.0 if started is None else max(0.0, now - started),
-                program.estimated_context_tokens if reasoning else program.completions.last_context_tokens,
-                avg_prompt,
-            ),
-            private_tokens=program_private_tokens(program, decode_buffer),
-        )
-        victims[id(victim)] = program
-        candidates.append(victim)
-    for victim in plan_capacity_repair(projected, high, low, candidates, avg_completion):
-        program = victims[id(victim)]
-        if victim.reasoning:
-            core.table.set_marked(program, True)
-            core.observer.transition(target_id, "capacity_repair_mark")
+
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        telemetry: Telemetry,
+        table: ProgramTable,
+        pool: RequestPool,
+        ledger: CapacityLedger,
+        queues: RankQueues,
+        timers: Timers,
+        agenda: Agenda,
+        stats: RankStats,
+        lineage: ProgramLineage,
+        fleet: Fleet,
+        keeper: ForceResumeKeeper,
+        ttl: TTLPolicy,
+    ) -> None:
+        self._config = config
+        self._telemetry = telemetry
+        self._table = table
+        self._pool = pool
+        self._ledger = ledger
+        self._queues = queues
+        self._timers = timers
+        self._agenda = agenda
+        self._stats = stats
+        self._lineage = lineage
+        self._fleet = fleet
+        self._keeper = keeper
+        self._ttl = ttl
+        self._decode_buffer = config.decode_buffer_tokens
+        self._max_hint_ttl = config.max_kv_retention_ttl_seconds
+        self._yields = not config.binding_only  # segment yield is a scheduling decision: none binding-only
+        # idle Paused Programs, oldest first: past max_paused_programs the oldest is released
+        self.paused_idle: dict[Program, None] = {}
+
+    # arrival side
+    def arrived(self, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
+        """A request of ``program`` arrived (``new``: its generation was just created): its identity, step,
+        context and hints are the request's now, and it is Reasoning until it is idle again."""
+        identity = request.identity
+        if new:
+            program.pause = Pause(now, None)
+            program.step_id = identity.step_id if identity.step_id is not None else 0
         else:
-            pause(core, program, PauseReason.CAPACITY_REPAIR, now)
+            self.record_continuity(program, now)
+            program.identity = identity
+            program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
+        self.paused_idle.pop(program, None)  # it has a request: not idle any more
+        self._lineage.link(
+            request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
+        )
+        if request.estimated_context_tokens > program.estimated_context_tokens:
+            self._table.set_context(program, request.estimated_context_tokens)
+        program.output_token_reservation = request.hints.expected_output_tokens
+        program.last_hints = request.hints
+        self._table.retain(program)
+
+    def withdrawn_idle(self, program: Program, now: float) -> None:
+        """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
+        starts (or keeps) its retention clock."""
+        if program.completions.requests == 0:
+            self.release(program, now)
+        elif program.state is ProgramState.PAUSED:
+            if program.pause is None:
+                program.pause = Pause(now, None)
+            self.arm_retention(program)
+
+    def record_continuity(self, program: Program, now: float) -> None:
+        """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
+        finished = program.completions.last_finished_at
+        target = program.last_target
+        if program.in_flight or finished is None or target is None or target not in self._fleet.targets:
+            return
+        interval = max(0.0, now - finished)
+        self._stats.of(target).push_continuity(
+            ContinuitySample(interval, program.last_cache_miss_impact_seconds)
+        )
+        if self._telemetry.observing:
+            self._telemetry.observer.histogram("request_interval_seconds", interval, target=target)
+        if self._telemetry.debugging:
+            self._telemetry.observer.event(
+                "debug",
+                "continuity_sample",
+                program=program.redacted,
+                target=target,
+                interval_seconds=interval,
+                cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
+            )
+
+    # completion
+    def complete(
+        self,
+        program: Program,
+        dispatch: ProgramDispatch,
+        now: float,
+        *,
+        success: bool,
+        usage: UsageObservation | None,
+        decode_seconds: float | None,
+        terminate: bool,
+    ) -> None:
+        """Apply one (current-epoch) completion; the caller already checked it is not stale."""
+        config = self._config
+        target = dispatch.target.id
+        factors = self._stats.of(target)
+        usage = usage or UsageObservation()
+        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else dispatch.estimated_context_tokens
+        explicit_cached = usage.cached_tokens
+        cached = min(
+            prompt,
+            explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
+        )
+        impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
+        idle = self._table.request_finished(program)
+        if usage.prompt_tokens is not None:
+            observe_context(self._table, program, usage.prompt_tokens)
+        if success:
+            continuous = self._segment_bookkeeping(
+                program, dispatch, now, prompt, cached, explicit_cached, impact
+            )
+            previous = program.completions.last_context_tokens
+            factors.push_request(
+                RequestSample(  # (by position: keywords cost a dict per completion)
+                    prompt,
+                    usage.completion_tokens or 0,
+                    cached,
+                    context_growth(prompt, previous if previous > 0 else None),
+                    max(0.0, now - dispatch.dispatched_at),  # end to end
+                    decode_seconds,
+                    dispatch.queued_seconds,
+                    program.segment.rounds_since_ttl_pause,
+                    now,  # finished at
+                )
+            )
+            self._agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
+            program.completions = Completions(program.completions.requests + 1, now, prompt)
+            self._table.count_completion(program, impact, round_served=continuous)
+        program.output_token_reservation = None
+        if program.state is ACTIVE and not program.pause_when_idle:
+            self._ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
+        if idle:
+            self._went_idle(program, dispatch, now, success=success, terminate=terminate, impact=impact)
+
+    def _went_idle(
+        self,
+        program: Program,
+        dispatch: ProgramDispatch,
+        now: float,
+        *,
+        success: bool,
+        terminate: bool,
+        impact: float,
+    ) -> None:
+        """The completion left the Program idle: it ends, pauses, or keeps its placement for an acting TTL
+        (the request's hint, else its TTL policy's) and may then yield its segment."""
+        if terminate:
+            self.release(program, now)
+        elif program.pause_when_idle:
+            self.pause(program, PauseReason.CAPACITY_REPAIR, now)
+        elif not success:
+            self.pause(program, PauseReason.REQUEST_FAILED, now)
+        else:
+            hint_ttl = dispatch.hints.kv_retention_ttl_seconds
+            if hint_ttl is not None:
+                self.arm_ttl(program, min(hint_ttl, self._max_hint_ttl), "request_hint", now)
+            else:
+                policy = self._ttl
+                self.arm_ttl(program, policy.armed(program, dispatch.target.id, impact), policy.source, now)
+            if program.state is ACTIVE and self._yields:
+                self.segment_yield(program, now)
+
+    def _segment_bookkeeping(
+        self,
+        program: Program,
+        dispatch: ProgramDispatch,
+        now: float,
+        prompt: int,
+        cached: int,
+        explicit_cached: int | None,
+        impact: float,
+    ) -> bool:
+        """Rounds and segments of a successful completion; a placement start that lost the cache begins a
+        new segment and observes the shared prefix. Returns whether the round was continuous (the caller
+        counts it with the completion's impact, in one move of the Rank's round histogram)."""
+        previous = program.completions.last_context_tokens
+        continuous = cache_continuous(previous if previous > 0 else None, cached)
+        segment = program.segment
+        started_at, served = segment.started_at, segment.served_rounds
+        if dispatch.placement_start_request and (previous <= 0 or not continuous):
+            started_at, served = dispatch.dispatched_at, 0
+            self._observe_shared_prefix(program, dispatch.target.id, explicit_cached, now)
+        program.segment = Segment(
+            started_at,
+            served + 1,
+            segment.ttl_pause_sampled_rounds,
+            segment.rounds_since_ttl_pause + 1 if continuous else segment.rounds_since_ttl_pause,
+        )
+        if self._telemetry.observing:
+            self._report_cache(
+                program, dispatch, prompt, cached, explicit_cached, impact, previous, continuous
+            )
+        return continuous
+
+    def _observe_shared_prefix(
+        self, program: Program, target: str, explicit_cached: int | None, now: float
+    ) -> None:
+        """A new segment observes the shared prefix, unless the last observation is still fresh."""
+        shared = program.shared_prefix
+        if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
+            return
+        lifetime = shared_prefix_lifetime(
+            self._config, self._stats.get(target), len(self._table.ranks[target].reasoning)
+        )
+        # Missing cached usage is no evidence of a shared prefix: it observes 0.
+        program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
+        if explicit_cached is not None and self._telemetry.observing:
+            self._telemetry.observer.histogram(
+                "shared_prefix_observed_tokens", explicit_cached, target=target
+            )
+
+    def _report_cache(
+        self,
+        program: Program,
+        dispatch: ProgramDispatch,
+        prompt: int,
+        cached: int,
+        explicit_cached: int | None,
+        impact: float,
+        previous: int,
+        continuous: bool,
+    ) -> None:
+        observer = self._telemetry.observer
+        target = dispatch.target.id
+        if (
+            explicit_cached is not None
+            and previous > 0
+            and not dispatch.placement_start_request
+            and not continuous
+        ):
+            observer.event(
+                "info",
+                "unexpected_cache_discontinuity",
+                program=program.redacted,
+                target=target,
+                prompt_tokens=prompt,
+                cached_tokens=explicit_cached,
+                previous_context_tokens=previous,
+                hit_ratio_vs_previous=explicit_cached / previous,
+                uncached_tokens=max(0, prompt - explicit_cached),
+                estimated_miss_tokens=max(0, previous - explicit_cached),
+                cache_miss_impact_seconds=impact,
+                segment_served_rounds=program.segment.served_rounds,
+            )
+        if self._telemetry.debugging:
+            observer.event(
+                "debug",
+                "cache_observation",
+                program=program.redacted,
+                target=target,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                explicit_cached=explicit_cached is not None,
+                continuous=continuous,
+                cache_miss_impact_seconds=impact,
+            )
+        observer.histogram("cache_miss_impact_seconds", impact, target=target)
+
+    # Progress-TTL
+    def arm_ttl(self, program: Program, ttl: float, source: str, now: float) -> None:
+        """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
+        target = program.placement
+        assert target is not None
+        ttl = max(0.0, ttl)
+        if self._telemetry.observing:
+            self._telemetry.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
+        if self._telemetry.debugging:
+            self._telemetry.observer.event(
+                "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
+            )
+        if ttl <= 0.0:
+            self.expire_ttl(program, now)  # (no ActingTTL record: the pause would drop it at once)
+        else:
+            program.acting_ttl = ActingTTL(now, now + ttl)
+            self._timers.arm(program, ACTING_TTL, now + ttl)
+
+    def on_ttl_timer(self, program: Program, now: float) -> None:
+        acting = program.acting_ttl
+        if program.phase != AA or acting is None:
+            return
+        deadline = acting.deadline
+        if deadline <= now:
+            hold = self._ttl.hold(program, program.placement or "", now - acting.since)
+            if hold > 0.0:  # the weighed TTL's check: held on (only under acting_ttl_policy "weighed")
+                program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
+                self._timers.arm(program, ACTING_TTL, deadline)
+                return
+            self.expire_ttl(program, now)
+        else:
+            self._timers.arm(program, ACTING_TTL, deadline)
+
+    def expire_ttl(self, program: Program, now: float) -> None:
+        target = program.placement
+        assert target is not None
+        segment = program.segment
+        rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
+        self._stats.of(target).push_ttl_pause_rounds(max(0, rounds))
+        program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
+        self.pause(program, _TTL_EXPIRED, now)
+
+    # pause / release
+    def pause(self, program: Program, reason: PauseReason, now: float) -> None:
+        """An idle Active Program gives its placement up; its KV is no longer protected."""
+        released = self._ledger.charged(program)
+        target = self._table.pause(program)
+        program.pause = Pause(now, reason)
+        program.acting_ttl = None
+        shared = program.shared_prefix
+        anchor, fresh_until = shared.anchor_at, shared.fresh_until
+        if anchor is not None and fresh_until is not None:  # its freshness restarts now
+            lifetime = max(0.0, fresh_until - anchor)
+            program.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
+        if self._telemetry.observing:
+            self._telemetry.observer.transition(target, reason.value)
+            self._telemetry.observer.event(
+                "info",
+                "program_pause",
+                program=program.redacted,
+                target=target,
+                reason=reason.value,
+                released_private_tokens=released,
+            )
+        self.arm_retention(program)
+
+    def arm_retention(self, program: Program) -> None:
+        """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused, or earlier
+        by ``release_excess_paused``."""
+        assert program.pause is not None
+        due = program.pause.at + self._config.paused_retention_ttl_seconds
+        self._timers.arm(program, PAUSED_RETENTION, due)
+        idle = self.paused_idle
+        idle.pop(program, None)
+        idle[program] = None
+
+    def release_excess_paused(self, now: float) -> None:
+        """More than ``max_paused_programs`` idle Paused Programs: release those that went idle longest
+        ago. Run between events' steps (never inside a loop over Programs), so nobody is released under a
+        caller."""
+        idle = self.paused_idle
+        while len(idle) > self._config.max_paused_programs:
+            self.release(next(iter(idle)), now, reason="paused_retention_release")
+
+    def on_retention_timer(self, program: Program, now: float) -> None:
+        pause = program.pause
+        if program.phase != PA or pause is None:
+            return  # it is waiting or Active again: the next pause arms a new release
+        due = pause.at + self._config.paused_retention_ttl_seconds
+        if due <= now:
+            self.release(program, now, reason="paused_retention_release")
+        else:
+            self._timers.arm(program, PAUSED_RETENTION, due)
+
+    def release(self, program: Program, now: float, *, reason: str | None = None) -> None:
+        """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
+        stays fenced while it is among the most recently released)."""
+        target = program.placement or program.last_target
+        self._queues.remove(program)
+        self._keeper.clear(program)
+        self._table.release(program)
+        self._timers.forget(program)
+        self.paused_idle.pop(program, None)
+        self._lineage.forget(program.ref.model_pool, program.ref.program_id)
+        if reason is not None and target is not None:
+            self._telemetry.observer.transition(target, reason)
+
+    # segment yield
+    def segment_yield(self, program: Program, now: float) -> None:
+        """After ``max_segment_rounds`` continuous rounds, yield to a local waiter relief does not cover."""
+        if program.rounds_since_activation < self._config.max_segment_rounds:
+            return
+        target = program.placement
+        assert target is not None
+        queue = self._queues.get(target)
+        waiter = None if queue is None else queue.first()
+        if waiter is None:
+            return
+        decode_buffer = self._config.decode_buffer_tokens
+        if required_tokens(waiter, self._pool.front_hints(waiter), decode_buffer) > future_relief(
+            self._table.ranks[target], decode_buffer
+        ):
+            self.pause(program, PauseReason.MAX_SEGMENT_YIELD, now)
+
+
+class CapacityRepair:
+    """Capacity repair of one Rank (§3.12): its projected usage against the watermarks, then pauses (through
+    the ``Lifecycle``) and marks (the table's)."""
+
+    __slots__ = ("_config", "_high", "_ledger", "_lifecycle", "_low", "_stats", "_table", "_telemetry")
+
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        telemetry: Telemetry,
+        table: ProgramTable,
+        ledger: CapacityLedger,
+        stats: RankStats,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._config = config
+        self._telemetry = telemetry
+        self._table = table
+        self._ledger = ledger
+        self._stats = stats
+        self._lifecycle = lifecycle
+        capacity = config.token_capacity_per_dp_rank
+        self._low = None if capacity is None else capacity * config.low_watermark_ratio
+        self._high = None if capacity is None else capacity * config.high_watermark_ratio
+
+    def repair(self, target_id: str, now: float) -> None:
+        """Above the high watermark, pause idle Acting Programs and mark Reasoning ones by score."""
+        high, low = self._high, self._low
+        if high is None or low is None:
+            return
+        rank = self._table.ranks[target_id]
+        if not rank.active_count:
+            return
+        factors = self._stats.get(target_id)
+        avg_completion = repair_average_completion(factors)
+        decode_buffer = self._config.decode_buffer_tokens
+        marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING] if rank.marked else []
+        projected = projected_usage(
+            self._ledger.usage(target_id, now),
+            avg_completion,
+            len(rank.reasoning),
+            sum(program_private_tokens(p, decode_buffer) for p in marked) if marked else 0,  # (no generator)
+            len(marked),
+        )
+        if projected <= high:
+            return
+        avg_prompt = 0.0 if factors is None else factors.average_prompt_tokens()
+        victims: dict[int, Program] = {}
+        candidates: list[RepairVictim] = []
+        for program in rank.active():
+            reasoning = program.status is ProgramStatus.REASONING
+            if reasoning and (program.pause_when_idle or not program.in_flight):
+                continue
+            started = program.segment.started_at
+            victim = RepairVictim(
+                program_id=program.ref.program_id,
+                reasoning=reasoning,
+                score=repair_score(
+                    0.0 if started is None else max(0.0, now - started),
+                    program.estimated_context_tokens
+                    if reasoning
+                    else program.completions.last_context_tokens,
+                    avg_prompt,
+                ),
+                private_tokens=program_private_tokens(program, decode_buffer),
+            )
+            victims[id(victim)] = program
+            candidates.append(victim)
+        for victim in plan_capacity_repair(projected, high, low, candidates, avg_completion):
+            program = victims[id(victim)]
+            if victim.reasoning:
+                self._table.set_marked(program, True)
+                self._telemetry.observer.transition(target_id, "capacity_repair_mark")
+            else:
+                self._lifecycle.pause(program, PauseReason.CAPACITY_REPAIR, now)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.config import CrossRankGate
 from progrouter.program.policy import shared_prefix_freshness_seconds
 
 if TYPE_CHECKING:
+    from progrouter.config import ProgramSchedulingConfig
+    from progrouter.program.factors import RankStats
     from progrouter.program.state import Program
-    from progrouter.program.views import RankSource
+    from progrouter.program.table import ProgramTable
 
 
 def move_pays(
@@ -30,11 +31,12 @@ def move_pays(
     return paused_seconds >= turnover_seconds or waited_seconds >= recompute_seconds
 
 
-def kv_turnover_seconds(core: RankSource, target_id: str) -> float:
+def kv_turnover_seconds(
+    config: ProgramSchedulingConfig, stats: RankStats, table: ProgramTable, target_id: str
+) -> float:
     """One KV turnover of a Rank: capacity × mean e2e / Reasoning Programs / mean uncached prompt (the
     shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature)."""
-    config = core.config
-    factors = core.factors.get(target_id)
+    factors = stats.get(target_id)
     if factors is None:
         return config.shared_prefix_freshness_warmup_seconds
     return shared_prefix_freshness_seconds(
@@ -42,16 +44,36 @@ def kv_turnover_seconds(core: RankSource, target_id: str) -> float:
         1.0,
         config.token_capacity_per_dp_rank,
         factors.average_e2e_seconds(),
-        len(core.table.ranks[target_id].reasoning),
+        len(table.ranks[target_id].reasoning),
         factors.average_uncached_prompt_tokens(),
         factors.request_window_complete(),
     )
 
 
-def may_move(core: RankSource, program: Program, waited_seconds: float, now: float) -> bool:
-    """Whether the cross-Rank pass may consider ``program`` (always, under the spec's gate)."""
-    if core.config.cross_rank_gate is CrossRankGate.SPEC:
-        return True
+class RecomputeCostGate:
+    """``cross_rank_gate: "recompute_cost"``: a waiter moves only when its KV on the source is probably
+    gone or its wait already exceeds the recompute (``move_pays``). Under the spec's gate the cross-Rank
+    pass asks no gate at all."""
+
+    __slots__ = ("_config", "_stats", "_table")
+
+    def __init__(self, config: ProgramSchedulingConfig, stats: RankStats, table: ProgramTable) -> None:
+        self._config, self._stats, self._table = config, stats, table
+
+    def may_move(self, program: Program, waited_seconds: float, now: float) -> bool:
+        """Whether the cross-Rank pass may consider ``program``."""
+        return may_move(self._config, self._stats, self._table, program, waited_seconds, now)
+
+
+def may_move(
+    config: ProgramSchedulingConfig,
+    stats: RankStats,
+    table: ProgramTable,
+    program: Program,
+    waited_seconds: float,
+    now: float,
+) -> bool:
+    """The recompute-cost gate's decision for ``program``."""
     source, pause = program.last_target, program.pause
     if source is None or pause is None:
         return True
@@ -59,5 +81,5 @@ def may_move(core: RankSource, program: Program, waited_seconds: float, now: flo
         waited_seconds=waited_seconds,
         paused_seconds=now - pause.at,
         recompute_seconds=program.last_cache_miss_impact_seconds,
-        turnover_seconds=kv_turnover_seconds(core, source),
+        turnover_seconds=kv_turnover_seconds(config, stats, table, source),
     )

@@ -55,3 +55,28 @@ class TimedOut(NamedTuple):
 
 
 Outcome = Dispatched | TimedOut
+
+
+class Outbox:
+    """The decisions not yet taken by the shell, and every dispatch awaiting its completion."""
+
+    __slots__ = ("outcomes", "outstanding")
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.outstanding: dict[int, ProgramDispatch] = {}  # handle id -> dispatch awaiting completion
+
+    def dispatched(self, dispatch: ProgramDispatch) -> None:
+        self.outstanding[dispatch.handle.id] = dispatch
+        self.outcomes.append(Dispatched(dispatch.handle, dispatch))
+
+    def timed_out(self, handle: RequestHandle) -> None:
+        self.outcomes.append(TimedOut(handle))
+
+    def settle(self, handle_id: int) -> ProgramDispatch | None:
+        """The dispatch ``handle_id`` completed: forget it (None if it was not outstanding)."""
+        return self.outstanding.pop(handle_id, None)
+
+    def take(self) -> list[Outcome]:
+        outcomes, self.outcomes = self.outcomes, []
+        return outcomes

@@ -89,12 +89,13 @@ class RankQueue:
     long queue that cannot move costs O(blocks), not O(Programs).
     """
 
-    __slots__ = ("_blocks", "_bounds", "_len", "_maxes", "_programs", "pending")
+    __slots__ = ("_blocks", "_bounds", "_entries", "_len", "_maxes", "_programs", "pending")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
         self._maxes: list[QueueKey] = []  # the last key of each block
         self._programs: dict[int, Program] = {}  # serial -> Program
+        self._entries: dict[Program, QueueEntry] = {}  # each queued Program's entry: this queue's own
         self._len = 0
         self._bounds: tuple[int, int, float] | None = None  # ``bounds()``, until a least value leaves
         self.pending: dict[Program, None] = {}  # queued or re-keyed since the last scheduling pass
@@ -102,8 +103,12 @@ class RankQueue:
     def __len__(self) -> int:
         return self._len
 
+    def entry(self, program: Program) -> QueueEntry | None:
+        """``program``'s entry, if it is queued here."""
+        return self._entries.get(program)
+
     def insert(self, program: Program, entry: QueueEntry) -> None:
-        program.queue_entry = entry
+        self._entries[program] = entry
         key = entry.key
         self._programs[key[-1]] = program
         self._len += 1
@@ -131,15 +136,13 @@ class RankQueue:
         maxes[i] = block.keys[-1]
 
     def remove(self, program: Program) -> None:
-        entry = program.queue_entry
-        assert entry is not None
+        entry = self._entries.pop(program)
         key = entry.key
         i = bisect.bisect_left(self._maxes, key)
         block = self._blocks[i]
         del self._programs[key[-1]]
         self._len -= 1
         self.pending.pop(program, None)
-        program.queue_entry = None
         bounds = self._bounds
         if bounds is not None and (
             entry.required == bounds[0] or entry.uncached == bounds[1] or entry.forced_at == bounds[2]
@@ -299,9 +302,21 @@ class RankQueues:
         queue = self._queues.get(target_id)
         return 0 if queue is None else len(queue)
 
+    def entry(self, program: Program) -> QueueEntry | None:
+        """``program``'s entry (its key, frozen demand, uncached context, force deadline) while it waits in
+        its last Rank's queue; None when it is not queued."""
+        target = program.last_target
+        queue = None if target is None else self._queues.get(target)
+        return None if queue is None else queue._entries.get(program)
+
+    def key(self, program: Program) -> QueueKey | None:
+        """``program``'s place in its queue, None when it is not queued."""
+        entry = self.entry(program)
+        return None if entry is None else entry.key
+
     def insert(self, program: Program, entry: QueueEntry) -> None:
         target = program.last_target
-        assert target is not None and program.queue_entry is None
+        assert target is not None and self.entry(program) is None
         queue = self._queues.get(target)
         if queue is None:
             queue = self._queues[target] = RankQueue()
@@ -315,14 +330,13 @@ class RankQueues:
             keys.insert(key)
 
     def remove(self, program: Program) -> None:
-        entry = program.queue_entry
+        entry = self.entry(program)
         if entry is None:
             return
-        key = entry.key
         target = program.last_target
         assert target is not None
         self._queues[target].remove(program)
-        self._forget_pool_key(program, key)
+        self._forget_pool_key(program, entry.key)
 
     def _forget_pool_key(self, program: Program, key: QueueKey) -> None:
         if self._pool_keys is not None:
@@ -335,7 +349,5 @@ class RankQueues:
             return []
         programs = queue.ordered()
         for program in programs:
-            assert program.queue_key is not None
-            self._forget_pool_key(program, program.queue_key)
-            program.queue_entry = None
+            self._forget_pool_key(program, queue._entries[program].key)
         return programs

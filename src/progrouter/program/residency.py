@@ -19,7 +19,8 @@ are absent, and then the old behaviour holds. The rules:
   is no reason to prefer one: a tie at the top leaves the choice to the usual order (binding strategy,
   cross-Rank ranking); nor is a part of it one Rank holds (the same system prompt, held by one Rank first).
 
-Functions here only read; ``ResidencyBook`` is the one owner of the facts and drops them with each report.
+Functions here only read; ``ResidencyRules`` decides, and its ``ResidencyBook`` is the one owner of the facts,
+which it drops with each report.
 """
 
 from __future__ import annotations
@@ -27,36 +28,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from progrouter.program import lifecycle
 from progrouter.program.policy import CACHE_CONTINUITY_RATIO
 from progrouter.program.state import ProgramState, ProgramStatus
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.core import Core
-    from progrouter.program.observer import SchedulerObserver
+    from progrouter.program.fleet import Fleet
+    from progrouter.program.lifecycle import Lifecycle
     from progrouter.program.outcomes import ProgramRequest
     from progrouter.program.state import Program
-
-
-class Residencies(Protocol):
-    """What the rules read: the switch, the facts and the pools' Ranks (``Core``; the Scheduling view)."""
-
-    @property
-    def config(self) -> ProgramSchedulingConfig: ...
-    @property
-    def residency(self) -> ResidencyBook: ...
-    @property
-    def pool_targets(self) -> dict[str, list[str]]: ...
-    @property
-    def observer(self) -> SchedulerObserver: ...
-
-
-def fired(core: Residencies, rule: str) -> None:
-    """A rule changed a decision: ``residency_rule_total{rule}`` (ttl_end, stay_home, holder_bind)."""
-    core.observer.counter("residency_rule_total", rule=rule)
+    from progrouter.program.table import ProgramTable
+    from progrouter.program.telemetry import Telemetry
 
 
 Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)
@@ -133,73 +117,93 @@ def holder(facts: ResidencyFacts | None, target_ids: Iterable[str], floor: int =
     return best if top > runner_up else None
 
 
-# ------------------------------------------------------------------------------- hooks the core calls
-def apply_report(core: Core, reports: Mapping[tuple[str, str], Report], now: float) -> None:
-    """A periodic report, per (model pool, Program id): its prompt's full-block tokens and what each known
-    Rank holds of them. It replaces every Program's facts, and an Acting Program held in vain pauses now
-    (``ttl_expired``: its KV is already gone)."""
-    if not core.config.residency_aware:
-        return
-    book: dict[Program, ResidencyFacts] = {}
-    for (model_pool, program_id), (covered, tokens) in reports.items():
-        program = core.table.get(model_pool, program_id)
-        if program is not None:
-            book[program] = ResidencyFacts(tokens, now, covered)
-    core.residency.replace(book)
-    for program in in_vain(core, book):
-        fired(core, "ttl_end")
-        target = program.placement
-        core.observer.event("info", "residency_ttl_end", program=program.redacted, target=target)
-        lifecycle.expire_ttl(core, program, now)
+class ResidencyRules:
+    """The rules as decisions (``residency_aware``; the scheduler builds none when it is off): the facts per
+    Program (``ResidencyBook``, this component's own), replaced by each report."""
 
+    __slots__ = ("_book", "_fleet", "_lifecycle", "_settle", "_table", "_telemetry")
 
-def on_arrival(core: Residencies, program: Program, request: ProgramRequest, now: float) -> None:
-    """The request's own residency report is the Program's freshest."""
-    if request.residency is not None and core.config.residency_aware:
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        telemetry: Telemetry,
+        table: ProgramTable,
+        fleet: Fleet,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._settle = config.metrics_interval_seconds
+        self._telemetry = telemetry
+        self._table = table
+        self._fleet = fleet
+        self._lifecycle = lifecycle
+        self._book = ResidencyBook()
+
+    def _fired(self, rule: str) -> None:
+        """A rule changed a decision: ``residency_rule_total{rule}`` (ttl_end, stay_home, holder_bind)."""
+        self._telemetry.observer.counter("residency_rule_total", rule=rule)
+
+    def apply_report(self, reports: Mapping[tuple[str, str], Report], now: float) -> None:
+        """A periodic report, per (model pool, Program id): its prompt's full-block tokens and what each
+        known Rank holds of them. It replaces every Program's facts, and an Acting Program held in vain
+        pauses now (``ttl_expired``: its KV is already gone)."""
+        book: dict[Program, ResidencyFacts] = {}
+        for (model_pool, program_id), (covered, tokens) in reports.items():
+            program = self._table.get(model_pool, program_id)
+            if program is not None:
+                book[program] = ResidencyFacts(tokens, now, covered)
+        self._book.replace(book)
+        for program in self.in_vain(book):
+            self._fired("ttl_end")
+            target = program.placement
+            self._telemetry.observer.event(
+                "info", "residency_ttl_end", program=program.redacted, target=target
+            )
+            self._lifecycle.expire_ttl(program, now)
+
+    def on_arrival(self, program: Program, request: ProgramRequest, now: float) -> None:
+        """The request's own residency report is the Program's freshest."""
+        if request.residency is not None:
+            covered, tokens = request.residency
+            self._book.record(program, ResidencyFacts(tokens, now, covered))
+
+    def initial_home(self, request: ProgramRequest) -> str | None:
+        """A new Program's first Rank: the one holding its prompt as a continuous cache hit would (90 % of
+        it: a fork of a resident Program, a conversation going on under a new id), if one Rank of its pool
+        does. Less is no reason: a system prompt one Rank happens to hold first would draw every new
+        Program there."""
+        if request.residency is None or not request.residency[0]:
+            return None
         covered, tokens = request.residency
-        core.residency.record(program, ResidencyFacts(tokens, now, covered))
+        floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
+        targets = self._fleet.pool_targets.get(request.model_pool, ())
+        home = holder(ResidencyFacts(tokens, 0.0, covered), targets, floor)
+        if home is not None:
+            self._fired("holder_bind")
+        return home
 
+    def keeps_source(self, program: Program, waited_seconds: float) -> bool:
+        """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds, while it has
+        waited less than recomputing that prefix elsewhere costs (its cache-miss impact): past that, waiting
+        costs more."""
+        if waited_seconds >= program.last_cache_miss_impact_seconds:
+            return False
+        targets = self._fleet.pool_targets.get(program.ref.model_pool, ())
+        kept = stays_home(program, self._book.get(program), targets)
+        if kept:
+            self._fired("stay_home")
+        return kept
 
-def initial_home(core: Residencies, request: ProgramRequest) -> str | None:
-    """A new Program's first Rank: the one holding its prompt as a continuous cache hit would (90 % of it:
-    a fork of a resident Program, a conversation going on under a new id), if one Rank of its pool does. Less
-    is no reason: a system prompt one Rank happens to hold first would draw every new Program there."""
-    if not core.config.residency_aware or request.residency is None or not request.residency[0]:
-        return None
-    covered, tokens = request.residency
-    floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
-    home = holder(ResidencyFacts(tokens, 0.0, covered), core.pool_targets.get(request.model_pool, ()), floor)
-    if home is not None:
-        fired(core, "holder_bind")
-    return home
+    def destination_order(self, program: Program, destination: str) -> int:
+        """Sort key of a cross-Rank destination: the more of the prompt it holds, the earlier."""
+        return -(resident_on(self._book.get(program), destination) or 0)
 
+    def in_vain(self, programs: Iterable[Program]) -> list[Program]:
+        """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``, one observation
+        interval after their last request finished), in id order."""
+        book, settle = self._book, self._settle
+        return sorted((p for p in programs if held_in_vain(p, book.get(p), settle)), key=lambda p: p.serial)
 
-def keeps_source(core: Residencies, program: Program, waited_seconds: float) -> bool:
-    """The cross-Rank pass leaves an unforced Program whose prefix its Rank still holds, while it has waited
-    less than recomputing that prefix elsewhere costs (its cache-miss impact): past that, waiting costs
-    more."""
-    if not core.config.residency_aware or waited_seconds >= program.last_cache_miss_impact_seconds:
-        return False
-    kept = stays_home(program, core.residency.get(program), core.pool_targets.get(program.ref.model_pool, ()))
-    if kept:
-        fired(core, "stay_home")
-    return kept
-
-
-def destination_order(core: Residencies, program: Program, destination: str) -> int:
-    """Sort key of a cross-Rank destination: the more of the prompt it holds, the earlier (0 when off)."""
-    if not core.config.residency_aware:
-        return 0
-    return -(resident_on(core.residency.get(program), destination) or 0)
-
-
-def in_vain(core: Residencies, programs: Iterable[Program]) -> list[Program]:
-    """The Acting Programs whose TTL charge protects nothing any more (``held_in_vain``, one observation
-    interval after their last request finished), in id order."""
-    book, settle = core.residency, core.config.metrics_interval_seconds
-    return sorted((p for p in programs if held_in_vain(p, book.get(p), settle)), key=lambda p: p.serial)
-
-
-def diagnostic(core: Residencies, program: Program) -> int | None:
-    """Resident tokens on the Program's Rank (placement, else last), for diagnostics; None when unknown."""
-    return resident_on(core.residency.get(program), program.placement or program.last_target)
+    def diagnostic(self, program: Program) -> int | None:
+        """Resident tokens on the Program's Rank (placement, else last), for diagnostics; None when
+        unknown."""
+        return resident_on(self._book.get(program), program.placement or program.last_target)

@@ -1,12 +1,8 @@
-"""Resume: which waiting Program gets the next placement, local-first, and when waiting turns into force.
+"""Resume: which waiting Program gets the next placement, local-first.
 
-Ordering (upstream §3.8), within one Rank queue:
-1. forced tier: the Program's force-resume deadline has passed;
-2. larger front-request ``priority``;
-3. not paused by segment yield before yielded (a one-shot marker: admission clears it);
-4. ``resume_order``: ``mru`` (most recent last finish first, never-finished last, then earlier queue time)
-   or ``fcfs`` (earlier queue time); then program id.
-Cross-Rank candidates (``global_queue``) use tiers 1–3, then always FCFS.
+``Resumer`` queues waiting Programs and runs the scheduling passes (local and cross-Rank) that commit
+admissions, in resume order (resume_order.py); ``force_resume.ForceResumeKeeper`` freezes each queued
+Program's force-resume deadline and arms its timer.
 
 Each Rank queue is a sorted list of keys, keyed by the Program's last Rank (in ``global_queue`` mode too: the
 local-first pass is exactly "each Rank schedules its own waiters"). A key changes only when its inputs do
@@ -15,417 +11,377 @@ queue in order only when the Rank's capacity state changed (``Agenda``); otherwi
 Programs queued or re-keyed since the last pass (``pending``) are planned, because every other candidate was
 already refused against the very same Rank state. Scanning stops early when a refusal applies to everyone
 behind (the waiting gate, the count guard for non-forced candidates).
-
-Force resume (upstream §3.7): when a Program enters a queue its deadline is frozen at
-``now + min(request deadline_seconds, else the workload estimate, queue_timeout)``; the workload estimate is
-3 × (remaining rounds of the Active Programs + rounds of the waiters ahead) / request throughput, clamped to
-[min(30 s, max), force_resume_timeout], and ``force_resume_timeout`` itself until the Rank's window matures.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.config import ProgramSchedulingConfig, ResumeOrder
-from progrouter.program import lifecycle, migration, residency, warmup
-from progrouter.program.admission import (
-    AdmissionPlan,
-    Rejection,
-    count_fits,
-    plan,
-    rank_view,
-    uncached_tokens,
-)
-from progrouter.program.dispatch import dispatch_retained
-from progrouter.program.ledger import required_tokens
-from progrouter.program.policy import (
-    ForceResumeEstimate,
-    PoolThroughput,
-    effective_force_resume_timeout,
-    global_force_resume_estimate,
-    local_force_resume_estimate,
-    target_rounds,
-    total_active_remaining_rounds,
-)
-from progrouter.program.records import ForceResume, PauseReason, QueueEntry, QueueKey
-from progrouter.program.timers import FORCE_RESUME
+from progrouter.config import ProgramSchedulingConfig
+from progrouter.program import lifecycle, warmup
+from progrouter.program.admission import AdmissionPlan, Rejection, count_fits, plan, uncached_tokens
+from progrouter.program.demand import required_tokens
+from progrouter.program.records import ForceResume, QueueEntry, QueueKey
+from progrouter.program.resume_order import cross_rank_key, forced, local_key, queued_at
 from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
     from progrouter.program.admission import RankView
+    from progrouter.program.agenda import Agenda
+    from progrouter.program.dispatch import Dispatcher
+    from progrouter.program.factors import RankStats
+    from progrouter.program.fleet import Fleet
+    from progrouter.program.force_resume import ForceResumeKeeper
+    from progrouter.program.ledger import CapacityLedger
+    from progrouter.program.migration import RecomputeCostGate
+    from progrouter.program.pool import RequestPool
     from progrouter.program.queues import RankQueue, RankQueues
+    from progrouter.program.rank_facts import RankViews
+    from progrouter.program.residency import ResidencyRules
     from progrouter.program.state import Program
-    from progrouter.program.views import Dispatching, Queueing, RankSource, Scheduling
+    from progrouter.program.table import ProgramTable
+    from progrouter.program.telemetry import Telemetry
 
 
-#: enum members read for every queued Program, as plain globals (why: ``state.ACTIVE``)
-_YIELD, _MRU = PauseReason.MAX_SEGMENT_YIELD, ResumeOrder.MRU
 _COUNT = Rejection.COUNT
 
 
-# ------------------------------------------------------------------------------------------------ ordering
-def _forced(program: Program, now: float) -> bool:
-    force = program.force_resume
-    return force is not None and force.deadline <= now
+class Resumer:
+    """Waiting Programs in their Rank queues, and the passes that admit them: each Rank's own queue in resume
+    order, then (``global_queue``) across the Ranks of a pool. ``residency``: the exact-residency rules, or
+    None when ``residency_aware`` is off; ``gate``: the cross-Rank gate beyond the spec's, or None."""
 
-
-def _tiers(program: Program, front: RequestHints | None, now: float) -> tuple[int, int, int]:
-    priority = front.priority if front is not None else 0
-    pause = program.pause
-    yielded = 1 if pause is not None and pause.reason is _YIELD else 0
-    return (0 if _forced(program, now) else 1, -priority, yielded)
-
-
-def _queued_at(program: Program, now: float) -> float:
-    force = program.force_resume
-    return force.queued_at if force is not None else now
-
-
-def local_key(program: Program, front: RequestHints | None, order: ResumeOrder, now: float) -> QueueKey:
-    """The Program's place in its Rank queue; ``front``: the hints of its front request."""
-    forced, priority, yielded = _tiers(program, front, now)
-    queued = _queued_at(program, now)
-    if order is _MRU:
-        finished = program.completions.last_finished_at
-        recency = -finished if finished is not None else math.inf
-        return (forced, priority, yielded, recency, queued, program.ref.program_id, program.serial)
-    return (forced, priority, yielded, queued, 0.0, program.ref.program_id, program.serial)
-
-
-def cross_rank_key(program: Program, front: RequestHints | None, now: float) -> QueueKey:
-    forced, priority, yielded = _tiers(program, front, now)
-    return (forced, priority, yielded, _queued_at(program, now), 0.0, program.ref.program_id, program.serial)
-
-
-def wait(core: Queueing, program: Program, now: float) -> None:
-    """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
-    its demand grew)."""
-    if program.queue_entry is not None:
-        requeue(core, program, now)
-    else:
-        enqueue(core, program, now)
-
-
-def enqueue(core: Queueing, program: Program, now: float) -> None:
-    """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
-    if program.queue_entry is not None or program.last_target is None:
-        return
-    front = core.pool.front_hints(program)
-    force = program.force_resume
-    key = None
-    if force is None:
-        key = _freeze_force_deadline(core, program, front, now)
-    else:  # queued again (failover) with its deadline kept: its timer may have fired meanwhile
-        core.timers.arm(program, FORCE_RESUME, force.deadline)
-    _insert(core, program, front, now, key)
-
-
-def _insert(
-    core: Queueing, program: Program, front: RequestHints | None, now: float, key: QueueKey | None = None
-) -> None:
-    """Queue ``program`` under its key and demand now; ``front``: the hints of its front request; ``key``:
-    its ``local_key`` now, if the caller has it."""
-    config = core.config
-    required = required_tokens(program, front, config.decode_buffer_tokens)
-    if key is None:
-        key = local_key(program, front, config.resume_order, now)
-    force = program.force_resume
-    forced_at = math.inf if force is None else force.deadline
-    core.queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
-
-
-def requeue(core: Queueing, program: Program, now: float) -> None:
-    """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
-    if program.queue_entry is None:
-        return
-    core.queues.remove(program)
-    _insert(core, program, core.pool.front_hints(program), now)
-
-
-def stop_waiting(queues: RankQueues, program: Program) -> None:
-    """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
-    deadline end with it, in one assignment."""
-    queues.remove(program)
-    program.force_resume = None
-
-
-def _freeze_force_deadline(
-    core: Queueing, program: Program, front: RequestHints | None, now: float
-) -> QueueKey | None:
-    """Freeze the deadline of a Program entering its queue; returns its queue key, unless the deadline
-    froze already passed (which moves it to the forced tier: the key changes)."""
-    config = core.config
-    key = local_key(program, front, config.resume_order, now)  # unforced: no force_resume yet
-    estimate = core.work.estimate(core, program, key, now)
-    timeout = effective_force_resume_timeout(
-        estimate.timeout_seconds,
-        front.deadline_seconds if front is not None else None,
-        config.queue_timeout_seconds,
+    __slots__ = (
+        "_agenda",
+        "_config",
+        "_dispatcher",
+        "_fleet",
+        "_gate",
+        "_keeper",
+        "_ledger",
+        "_pool",
+        "_queues",
+        "_residency",
+        "_stats",
+        "_table",
+        "_telemetry",
+        "_views",
     )
-    deadline = now + timeout
-    program.force_resume = ForceResume(  # queued at, deadline, timeout, and the estimate's inputs
-        now,
-        deadline,
-        timeout,
-        round(estimate.active_remaining_rounds),
-        round(estimate.pool_remaining_rounds),
-        estimate.request_throughput_per_second,
-    )
-    core.timers.arm(program, FORCE_RESUME, deadline)
-    return key if deadline > now else None
 
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig,
+        telemetry: Telemetry,
+        table: ProgramTable,
+        pool: RequestPool,
+        queues: RankQueues,
+        agenda: Agenda,
+        ledger: CapacityLedger,
+        stats: RankStats,
+        fleet: Fleet,
+        views: RankViews,
+        keeper: ForceResumeKeeper,
+        dispatcher: Dispatcher,
+        residency: ResidencyRules | None,
+        gate: RecomputeCostGate | None,
+    ) -> None:
+        self._config = config
+        self._telemetry = telemetry
+        self._table = table
+        self._pool = pool
+        self._queues = queues
+        self._agenda = agenda
+        self._ledger = ledger
+        self._stats = stats
+        self._fleet = fleet
+        self._views = views
+        self._keeper = keeper
+        self._dispatcher = dispatcher
+        self._residency = residency
+        self._gate = gate
 
-def on_force_timer(core: Queueing, program: Program, now: float) -> None:
-    """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
-    force = program.force_resume
-    if program.queue_entry is None or force is None:
-        return
-    if force.deadline <= now:
-        requeue(core, program, now)
-    else:
-        core.timers.arm(program, FORCE_RESUME, force.deadline)
+    def wait(self, program: Program, now: float) -> None:
+        """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
+        its demand grew)."""
+        if self._queues.entry(program) is not None:
+            self.requeue(program, now)
+        else:
+            self.enqueue(program, now)
 
+    def enqueue(self, program: Program, now: float) -> None:
+        """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
+        if program.last_target is None or self._queues.entry(program) is not None:
+            return
+        front = self._pool.front_hints(program)
+        force = self._keeper.record(program)
+        key = None
+        if force is None:
+            key = self._keeper.freeze(program, front, now)
+        else:
+            self._keeper.rearm(program, force)
+        self._insert(program, front, now, key)
 
-@dataclass(frozen=True, slots=True)
-class RankWork:
-    """A Rank's inputs to force-resume estimates: target rounds, throughput and the Active Programs'
-    remaining rounds."""
+    def _insert(
+        self, program: Program, front: RequestHints | None, now: float, key: QueueKey | None = None
+    ) -> None:
+        """Queue ``program`` under its key and demand now; ``front``: the hints of its front request; ``key``:
+        its ``local_key`` now, if the caller has it."""
+        config = self._config
+        required = required_tokens(program, front, config.decode_buffer_tokens)
+        force = self._keeper.record(program)
+        if key is None:
+            key = local_key(program, force, front, config.resume_order, now)
+        forced_at = math.inf if force is None else force.deadline
+        self._queues.insert(program, QueueEntry(key, required, uncached_tokens(program), forced_at))
 
-    computed_at: float
-    rounds: int
-    throughput: float
-    active_remaining: float
+    def requeue(self, program: Program, now: float) -> None:
+        """Re-insert a queued Program whose ordering or demand inputs changed (forced, front, new request)."""
+        if self._queues.entry(program) is None:
+            return
+        self._queues.remove(program)
+        self._insert(program, self._pool.front_hints(program), now)
 
+    def on_force_timer(self, program: Program, now: float) -> None:
+        """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
+        force = self._keeper.record(program)
+        if force is None or self._queues.entry(program) is None:
+            return
+        if force.deadline <= now:
+            self.requeue(program, now)
+        else:
+            self._keeper.rearm(program, force)
 
-@dataclass(frozen=True, slots=True)
-class PoolWork:
-    """A pool's Ranks' ``RankWork`` summed, for global estimates."""
+    def stop_waiting(self, program: Program) -> None:
+        """The Program leaves its queue for good (admitted, or nothing left to wait for): its wait and force
+        deadline end with it."""
+        self._queues.remove(program)
+        self._keeper.clear(program)
 
-    computed_at: float
-    targets: list[str]  # the pool's target list it was computed for (identity marks a Rank change)
-    throughput: PoolThroughput
-    active_remaining: float
+    # admission
+    def commit_admission(self, program: Program, plan: AdmissionPlan, now: float) -> None:
+        """Activate ``program`` on the planned Rank and dispatch its retained requests."""
+        previous = program.last_target
+        target = plan.target_id
+        self.stop_waiting(program)
+        self._table.activate(program, target, plan.required, overflow=plan.overflow)
+        lifecycle.activated(program, now)
+        if self._telemetry.observing:
+            self._report_admission(plan, previous, program.redacted, now)
+        self._dispatcher.dispatch_retained(program, now)
 
-
-class ForceResumeWork:
-    """The workload inputs of force-resume estimates, recomputed at most once per metrics interval: a
-    deadline is an estimate, and the sum over every Active Program of a pool is the expensive part. The
-    formulas are policy's ``local_force_resume_estimate`` / ``global_force_resume_estimate``."""
-
-    __slots__ = ("_pools", "_ranks")
-
-    def __init__(self) -> None:
-        self._ranks: dict[str, RankWork] = {}
-        self._pools: dict[str, PoolWork] = {}
-
-    def forget(self, target_id: str) -> None:
-        self._ranks.pop(target_id, None)
-
-    def estimate(self, core: Queueing, program: Program, key: QueueKey, now: float) -> ForceResumeEstimate:
-        """The workload estimate for ``program`` entering its queue now under ``key``."""
-        maximum = core.config.force_resume_timeout_seconds
-        if core.config.global_queue:
-            pool = self._pool(core, program.ref.model_pool, now)
-            ahead = core.queues.ahead_in_pool(program.ref.model_pool, key)
-            return global_force_resume_estimate(
-                pool=pool.throughput,
-                active_remaining_rounds=pool.active_remaining,
-                waiters_ahead=ahead,
-                max_timeout=maximum,
-            )
-        target = program.last_target
-        assert target is not None
-        work = self._rank(core, target, now)
-        queue = core.queues.get(target)
-        ahead = 0 if queue is None else queue.ahead_of(key)
-        return local_force_resume_estimate(
-            target_rounds=work.rounds,
-            throughput=work.throughput,
-            active_remaining_rounds=work.active_remaining,
-            waiters_ahead=ahead,
-            max_timeout=maximum,
+    def _report_admission(self, plan: AdmissionPlan, previous: str | None, program: str, now: float) -> None:
+        """The admission's log event, histograms and transitions (``program``: the redacted id)."""
+        observer = self._telemetry.observer
+        target = plan.target_id
+        observer.event(
+            "info",
+            "program_admit",
+            program=program,
+            target=target,
+            forced=plan.forced,
+            batch_gain=plan.batch_gain,
+            active_programs=plan.active,
+            used_tokens=plan.used,
+            required_tokens=plan.required,
+            reserve_tokens=plan.reserve,
+            capacity_tokens=self._config.token_capacity_per_dp_rank,
         )
+        if not self._config.binding_only:
+            self._admission_histograms(plan, now)
+        reason = "force_resume" if plan.forced else "batch_gain_admit" if plan.batch_gain else "program_admit"
+        observer.transition(target, reason)
+        if previous is not None and previous != target:
+            observer.transition(target, "cross_rank_resume")
 
-    def _rank(self, core: RankSource, target: str, now: float) -> RankWork:
-        cached = self._ranks.get(target)
-        if cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds:
-            return cached
-        factors = core.factors.get(target)
-        rounds = target_rounds(factors, core.config.max_segment_rounds)
-        throughput = 0.0 if factors is None else factors.request_throughput_per_second()
-        active = 0.0
-        if rounds > 0 and throughput > 0.0:
-            rank = core.table.ranks[target]
-            active = total_active_remaining_rounds(
-                rounds,
-                [p.rounds_since_activation for p in rank.reasoning],
-                [p.rounds_since_activation for p in rank.acting],
-            )
-        work = self._ranks[target] = RankWork(now, rounds, throughput, active)
-        return work
+    def _admission_histograms(self, plan: AdmissionPlan, now: float) -> None:
+        observer = self._telemetry.observer
+        target = plan.target_id
+        observer.histogram("admission_used_tokens", plan.used, target=target)
+        observer.histogram("admission_required_tokens", plan.required, target=target)
+        observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
+        capacity = self._config.token_capacity_per_dp_rank
+        if capacity is not None:
+            observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=target)
+            projected = (plan.used + plan.required + plan.reserve) / capacity
+            observer.histogram("admission_projected_pressure_ratio", projected, target=target)
+        account = self._ledger.accounts.get(target)
+        observation: BackendObservation | None = None if account is None else account.observation
+        if account is not None and observation is not None and account.observed_at is not None:
+            observer.histogram("admission_backend_kv_usage_ratio", observation.kv_cache_usage, target=target)
+            observer.histogram("admission_backend_running_requests", observation.running, target=target)
+            observer.histogram("admission_backend_waiting_requests", observation.waiting, target=target)
+            age = max(0.0, now - account.observed_at)
+            observer.histogram("admission_capacity_observation_age_seconds", age, target=target)
 
-    def _pool(self, core: Queueing, model_pool: str, now: float) -> PoolWork:
-        targets = core.pool_targets.get(model_pool, [])
-        cached = self._pools.get(model_pool)
-        fresh = cached is not None and 0.0 <= now - cached.computed_at < core.config.metrics_interval_seconds
-        if cached is not None and fresh and cached.targets is targets:
-            return cached
-        works = [self._rank(core, target, now) for target in targets]
-        work = self._pools[model_pool] = PoolWork(
-            computed_at=now,
-            targets=targets,
-            throughput=PoolThroughput.of((w.rounds, w.throughput) for w in works),
-            active_remaining=math.fsum(w.active_remaining for w in works),
-        )
-        return work
-
-
-# ------------------------------------------------------------------------------------------------ admission
-def commit_admission(core: Dispatching, program: Program, plan: AdmissionPlan, now: float) -> None:
-    """Activate ``program`` on the planned Rank and dispatch its retained requests."""
-    previous = program.last_target
-    target = plan.target_id
-    stop_waiting(core.queues, program)
-    core.table.activate(program, target, plan.required, overflow=plan.overflow)
-    lifecycle.activated(program, now)
-    if core.observing:
-        _report_admission(core, plan, previous, program.redacted, now)
-    dispatch_retained(core, program, now)
-
-
-def _report_admission(
-    core: Dispatching, plan: AdmissionPlan, previous: str | None, program: str, now: float
-) -> None:
-    """The admission's log event, histograms and transitions (``program``: the redacted id)."""
-    observer = core.observer
-    target = plan.target_id
-    observer.event(
-        "info",
-        "program_admit",
-        program=program,
-        target=target,
-        forced=plan.forced,
-        batch_gain=plan.batch_gain,
-        active_programs=plan.active,
-        used_tokens=plan.used,
-        required_tokens=plan.required,
-        reserve_tokens=plan.reserve,
-        capacity_tokens=core.config.token_capacity_per_dp_rank,
-    )
-    if not core.config.binding_only:
-        _admission_histograms(core, plan, now)
-    reason = "force_resume" if plan.forced else "batch_gain_admit" if plan.batch_gain else "program_admit"
-    observer.transition(target, reason)
-    if previous is not None and previous != target:
-        observer.transition(target, "cross_rank_resume")
-
-
-def _admission_histograms(core: Dispatching, plan: AdmissionPlan, now: float) -> None:
-    observer = core.observer
-    target = plan.target_id
-    observer.histogram("admission_used_tokens", plan.used, target=target)
-    observer.histogram("admission_required_tokens", plan.required, target=target)
-    observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
-    capacity = core.config.token_capacity_per_dp_rank
-    if capacity is not None:
-        observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=target)
-        projected = (plan.used + plan.required + plan.reserve) / capacity
-        observer.histogram("admission_projected_pressure_ratio", projected, target=target)
-    account = core.ledger.accounts.get(target)
-    observation: BackendObservation | None = None if account is None else account.observation
-    if account is not None and observation is not None and account.observed_at is not None:
-        observer.histogram("admission_backend_kv_usage_ratio", observation.kv_cache_usage, target=target)
-        observer.histogram("admission_backend_running_requests", observation.running, target=target)
-        observer.histogram("admission_backend_waiting_requests", observation.waiting, target=target)
-        age = max(0.0, now - account.observed_at)
-        observer.histogram("admission_capacity_observation_age_seconds", age, target=target)
-
-
-# ---------------------------------------------------------------------------------------------- scheduling
-def schedule_target(core: Scheduling, target_id: str, now: float, *, full: bool) -> None:
-    """Admit waiters of one Rank in resume order until nobody else fits."""
-    queue = core.queues.get(target_id)
-    agenda = core.agenda
-    while queue is not None and len(queue):
-        if full:
-            queue.pending.clear()
-            entries = None
-        else:
-            pending = queue.take_pending()
-            if not pending:
+    # scheduling
+    def schedule_target(self, target_id: str, now: float, *, full: bool) -> None:
+        """Admit waiters of one Rank in resume order until nobody else fits."""
+        queue = self._queues.get(target_id)
+        agenda = self._agenda
+        while queue is not None and len(queue):
+            if full:
+                queue.pending.clear()
+                entries = None
+            else:
+                pending = queue.take_pending()
+                if not pending:
+                    return
+                entries = [entry for program in pending if (entry := queue.entry(program)) is not None]
+            if self._count_refuses_all(target_id, queue, entries, now):
                 return
-            entries = [entry for program in pending if (entry := program.queue_entry) is not None]
-        if _count_refuses_all(core, target_id, queue, entries, now):
-            return
-        if not full and _refused_as_before(core, target_id, pending, now):
-            return
-        agenda.settled(target_id)
-        view = rank_view(core, target_id, now)
-        agenda.examined(view)
-        if view.gate_blocked:
-            return
-        least = queue.bounds()
-        unforced_possible = view.admits_some(least[0], least[1])
-        if full:
-            hopeless = _hopeless(view, now)
-            if hopeless(*least):
-                return  # then every block is: nobody can be admitted
-            candidates = _screened(view, queue.entries(hopeless), now, unforced_possible, view.demand_limit)
-        else:
-            assert entries is not None
-            entries.sort()  # resume order: by key (a key is unique, so nothing behind it is compared)
-            candidates = _screened(view, entries, now, unforced_possible, math.inf)
-        for key in candidates:
-            program = queue.program(key)
-            result = plan(view, program, now)
-            if isinstance(result, AdmissionPlan):
-                commit_admission(core, program, result, now)
-                break
-            if result is _COUNT and not _forced(program, now):
+            if not full and self._refused_as_before(target_id, pending, now):
                 return
-        else:
-            return
-        full = True  # the commit changed the Rank: everyone is a candidate again
+            agenda.settled(target_id)
+            view = self._views.of(target_id, now)
+            agenda.examined(view)
+            if view.gate_blocked:
+                return
+            least = queue.bounds()
+            unforced_possible = view.admits_some(least[0], least[1])
+            if full:
+                hopeless = _hopeless(view, now)
+                if hopeless(*least):
+                    return  # then every block is: nobody can be admitted
+                candidates = _screened(
+                    view, queue.entries(hopeless), now, unforced_possible, view.demand_limit
+                )
+            else:
+                assert entries is not None
+                entries.sort()  # resume order: by key (a key is unique, so nothing behind it is compared)
+                candidates = _screened(view, entries, now, unforced_possible, math.inf)
+            for key in candidates:
+                program = queue.program(key)
+                entry = queue.entry(program)
+                assert entry is not None
+                result = plan(view, program, entry, now)
+                if isinstance(result, AdmissionPlan):
+                    self.commit_admission(program, result, now)
+                    break
+                if result is _COUNT and not forced(self._keeper.record(program), now):
+                    return
+            else:
+                return
+            full = True  # the commit changed the Rank: everyone is a candidate again
 
-
-def _count_refuses_all(
-    core: Scheduling, target_id: str, queue: RankQueue, entries: list[QueueEntry] | None, now: float
-) -> bool:
-    """Whether the count guard alone refuses every candidate (the queue's, or only ``entries``), so the
-    pass needs no ``RankView``: it refuses every unforced one whatever the Rank's other facts, and a forced
-    one passes a refusal only while the Rank holds no admission past its limits (``plan``). (A full Rank's
-    common case: the pass after an admission, an arrival behind it.)"""
-    rank = core.table.ranks[target_id]
-    if count_fits(rank.active_count, core.config):
-        return False
-    if rank.overflow is not None:
-        return True
-    if entries is None:
-        return queue.bounds()[2] > now
-    forced_at = entries[0].forced_at if entries else math.inf  # the earliest, found as ``min`` finds it
-    for entry in entries:  # (no generator: one or two entries, on every event)
-        if entry.forced_at < forced_at:
-            forced_at = entry.forced_at
-    return forced_at > now
-
-
-def _refused_as_before(core: Scheduling, target_id: str, pending: list[Program], now: float) -> bool:
-    """Whether the Rank's last examination refuses every new candidate as a fresh one would: its capacity
-    has not changed since (the agenda dropped it otherwise), the observation it counted as fresh still is
-    (so usage and the waiting gate are the same), and each candidate is unforced with a demand above its
-    ``demand_limit`` — which the count guard or the immediate token check refuses (``judge``)."""
-    view = core.agenda.last_examined(target_id)
-    if view is None or core.ledger.fresh_observation(target_id, now) is not view.observation:
-        return False
-    limit = -math.inf if view.gate_blocked else view.demand_limit
-    for program in pending:
-        entry = program.queue_entry
-        if entry is not None and (entry.forced_at <= now or entry.required <= limit):
+    def _count_refuses_all(
+        self, target_id: str, queue: RankQueue, entries: list[QueueEntry] | None, now: float
+    ) -> bool:
+        """Whether the count guard alone refuses every candidate (the queue's, or only ``entries``), so
+        the pass needs no ``RankView``: it refuses every unforced one whatever the Rank's other facts, and a
+        forced one passes a refusal only while the Rank holds no admission past its limits (``plan``). (A
+        full Rank's common case: the pass after an admission, an arrival behind it.)"""
+        rank = self._table.ranks[target_id]
+        if count_fits(rank.active_count, self._config):
             return False
-    return True
+        if rank.overflow is not None:
+            return True
+        if entries is None:
+            return queue.bounds()[2] > now
+        forced_at = entries[0].forced_at if entries else math.inf  # the earliest, found as ``min`` finds it
+        for entry in entries:  # (no generator: one or two entries, on every event)
+            if entry.forced_at < forced_at:
+                forced_at = entry.forced_at
+        return forced_at > now
+
+    def _refused_as_before(self, target_id: str, pending: list[Program], now: float) -> bool:
+        """Whether the Rank's last examination refuses every new candidate as a fresh one would: its capacity
+        has not changed since (the agenda dropped it otherwise), the observation it counted as fresh still is
+        (so usage and the waiting gate are the same), and each candidate is unforced with a demand above its
+        ``demand_limit`` — which the count guard or the immediate token check refuses (``judge``)."""
+        view = self._agenda.last_examined(target_id)
+        if view is None or self._ledger.fresh_observation(target_id, now) is not view.observation:
+            return False
+        limit = -math.inf if view.gate_blocked else view.demand_limit
+        queue = self._queues.get(target_id)
+        for program in pending:
+            entry = None if queue is None else queue.entry(program)
+            if entry is not None and (entry.forced_at <= now or entry.required <= limit):
+                return False
+        return True
+
+    def cross_rank_pass(self, model_pool: str, now: float) -> None:
+        """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
+        config = self._config
+        targets = self._fleet.pool_targets.get(model_pool, [])
+        if len(targets) < 2:
+            return
+        interval = config.metrics_interval_seconds
+        stats, gate, residency = self._stats, self._gate, self._residency
+        record = self._keeper.record
+
+        def mature(target: str) -> bool:
+            return warmup.request_stats_mature(
+                config, stats, target
+            )  # the spec's, bar stats_warmup (warmup.py)
+
+        destinations = [t for t in targets if self._queues.size(t) == 0 and mature(t)]
+        if not destinations:
+            return
+        candidates: list[Program] = []
+        for target in targets:
+            queue = self._queues.get(target)
+            if queue is None or not len(queue) or not mature(target):
+                continue
+            candidates.extend(
+                p
+                for p in queue.ordered()
+                if p.last_pause_reason is not None
+                and now - queued_at(record(p), now) >= interval
+                and (
+                    gate is None or gate.may_move(p, now - queued_at(record(p), now), now)
+                )  # beyond the spec
+            )
+        candidates.sort(key=lambda p: cross_rank_key(p, record(p), self._pool.front_hints(p), now))
+        views: dict[str, RankView] = {}
+
+        def view_of(destination: str) -> RankView:
+            view = views.get(destination)
+            if view is None:
+                view = views[destination] = self._views.of(destination, now)
+            return view
+
+        for program in candidates:
+            force = record(program)
+            if not forced(force, now) and not any(
+                not view_of(d).gate_blocked and view_of(d).admits_some(0, 0) for d in destinations
+            ):
+                return  # no destination can take an unforced Program, and the forced ones came first
+            source = program.last_target
+            assert source is not None
+            if not _source_pressure(view_of(source), self._queues.get(source), program, record, config, now):
+                continue
+            if (
+                residency is not None
+                and not forced(force, now)
+                and residency.keeps_source(program, now - queued_at(force, now))
+            ):
+                continue  # its Rank still holds its prefix: it resumes there cheaply
+            entry = self._queues.entry(program)
+            assert entry is not None
+            best: tuple[tuple[int, int, float, int, str], AdmissionPlan] | None = None
+            for destination in destinations:
+                if destination == source or self._queues.size(destination) != 0:
+                    continue
+                view = view_of(destination)
+                if not _headroom_allows(view_of(source), view, program, config.cross_rank_headroom_ratio):
+                    continue
+                result = plan(view, program, entry, now)
+                if not isinstance(result, AdmissionPlan):
+                    continue
+                rank_key = (
+                    0 if residency is None else residency.destination_order(program, destination),
+                    view.waiting,
+                    _pressure(config, result),
+                    view.active,
+                    destination,
+                )
+                if best is None or rank_key < best[0]:
+                    best = (rank_key, result)
+            if best is not None:
+                self.commit_admission(program, best[1], now)
+                views.pop(best[1].target_id, None)
 
 
 def _screened(
@@ -462,78 +418,6 @@ def _hopeless(view: RankView, now: float) -> Callable[[int, int, float], bool]:
     return hopeless
 
 
-def cross_rank_pass(core: Scheduling, model_pool: str, now: float) -> None:
-    """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
-    config = core.config
-    targets = core.pool_targets.get(model_pool, [])
-    if len(targets) < 2:
-        return
-    interval = config.metrics_interval_seconds
-
-    def mature(target: str) -> bool:
-        return warmup.request_stats_mature(core, target)  # the spec's, bar stats_warmup (warmup.py)
-
-    destinations = [t for t in targets if core.queues.size(t) == 0 and mature(t)]
-    if not destinations:
-        return
-    candidates: list[Program] = []
-    for target in targets:
-        queue = core.queues.get(target)
-        if queue is None or not len(queue) or not mature(target):
-            continue
-        candidates.extend(
-            p
-            for p in queue.ordered()
-            if p.last_pause_reason is not None
-            and now - _queued_at(p, now) >= interval
-            and migration.may_move(core, p, now - _queued_at(p, now), now)  # beyond the spec: migration.py
-        )
-    candidates.sort(key=lambda p: cross_rank_key(p, core.pool.front_hints(p), now))
-    views: dict[str, RankView] = {}
-
-    def view_of(destination: str) -> RankView:
-        view = views.get(destination)
-        if view is None:
-            view = views[destination] = rank_view(core, destination, now)
-        return view
-
-    for program in candidates:
-        if not _forced(program, now) and not any(
-            not view_of(d).gate_blocked and view_of(d).admits_some(0, 0) for d in destinations
-        ):
-            return  # no destination can take an unforced Program, and the forced ones came first
-        source = program.last_target
-        assert source is not None
-        if not _source_pressure(view_of(source), core.queues.get(source), program, config, now):
-            continue
-        if not _forced(program, now) and residency.keeps_source(
-            core, program, now - _queued_at(program, now)
-        ):
-            continue  # its Rank still holds its prefix: it resumes there cheaply
-        best: tuple[tuple[int, int, float, int, str], AdmissionPlan] | None = None
-        for destination in destinations:
-            if destination == source or core.queues.size(destination) != 0:
-                continue
-            view = view_of(destination)
-            if not _headroom_allows(view_of(source), view, program, config.cross_rank_headroom_ratio):
-                continue
-            result = plan(view, program, now)
-            if not isinstance(result, AdmissionPlan):
-                continue
-            rank_key = (
-                residency.destination_order(core, program, destination),
-                view.waiting,
-                _pressure(config, result),
-                view.active,
-                destination,
-            )
-            if best is None or rank_key < best[0]:
-                best = (rank_key, result)
-        if best is not None:
-            commit_admission(core, program, best[1], now)
-            views.pop(best[1].target_id, None)
-
-
 def _pressure(config: ProgramSchedulingConfig, admission: AdmissionPlan) -> float:
     capacity = config.token_capacity_per_dp_rank
     if capacity is None:
@@ -542,22 +426,31 @@ def _pressure(config: ProgramSchedulingConfig, admission: AdmissionPlan) -> floa
 
 
 def _source_pressure(
-    source: RankView, queue: RankQueue | None, program: Program, config: ProgramSchedulingConfig, now: float
+    source: RankView,
+    queue: RankQueue | None,
+    program: Program,
+    record: Callable[[Program], ForceResume | None],
+    config: ProgramSchedulingConfig,
+    now: float,
 ) -> bool:
-    """The source is congested: vLLM queues there, or another long-waiting Program is ahead locally."""
+    """The source is congested: vLLM queues there, or another long-waiting Program is ahead locally
+    (``record``: the force-resume records)."""
     threshold = config.admission_waiting_request_threshold
     if threshold == 0:
         return True
     if source.waiting >= threshold:
         return True
-    key = program.queue_key
-    if queue is None or key is None:
+    entry = None if queue is None else queue.entry(program)
+    if queue is None or entry is None:
         return False
+    key = entry.key
     interval = config.metrics_interval_seconds
     for other in queue.ordered():
-        if other.queue_key is not None and other.queue_key >= key:
+        other_entry = queue.entry(other)
+        if other_entry is not None and other_entry.key >= key:
             return False
-        if other.force_resume is not None and now - other.force_resume.queued_at >= interval:
+        force = record(other)
+        if force is not None and now - force.queued_at >= interval:
             return True
     return False
 

@@ -72,7 +72,7 @@ def _order(when: float) -> int:
 
 
 class Timers:
-    __slots__ = ("_floor", "_heap", "_payloads", "_programs", "_seq", "_whens")
+    __slots__ = ("_due", "_floor", "_heap", "_payloads", "_programs", "_seq", "_whens")
 
     def __init__(self) -> None:
         self._heap: list[int] = []  # _order(when) << _LOW | kind << 64 | sequence
@@ -81,6 +81,7 @@ class Timers:
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
         self._programs: dict[int, Program] = {}  # serial -> a Program with a pending entry
+        self._due: dict[int, dict[int, float]] = {}  # serial -> kind -> its one pending entry's due time
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -102,28 +103,38 @@ class Timers:
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:
         """Make sure ``program`` hears from ``kind`` no later than ``when``."""
-        due = program.timer_due
+        serial = program.serial
+        due = self._due.get(serial)
+        if due is None:
+            due = self._due[serial] = {}
         pending = due.get(kind)
         if pending is not None and pending <= when:
             return
         due[kind] = when
-        serial = program.serial
         self._programs[serial] = program
         self._push(when, kind, serial)
 
     def forget(self, program: Program) -> None:
         """The Program was released: its entries no longer keep it (they are dropped as they surface)."""
         if self._programs.pop(program.serial, None) is not None:
-            program.timer_due = {}
+            del self._due[program.serial]
 
     def fired(self, program: Program, kind: TimerKind, when: float) -> bool:
         """Whether a due entry is the Program's pending one (and clear it); older duplicates are not."""
-        if program.timer_due.get(kind) != when:
+        serial = program.serial
+        due = self._due.get(serial)
+        if due is None or due.get(kind) != when:
             return False
-        del program.timer_due[kind]
-        if not program.timer_due:
-            self._programs.pop(program.serial, None)
+        del due[kind]
+        if not due:
+            del self._due[serial]
+            self._programs.pop(serial, None)
         return True
+
+    def due(self, program: Program, kind: TimerKind) -> float | None:
+        """When ``program``'s pending entry of ``kind`` falls due (None: it has none)."""
+        due = self._due.get(program.serial)
+        return None if due is None else due.get(kind)
 
     def _payload(self, kind: int, payload: int | str) -> object | None:
         """What an entry is about: its Program (None once forgotten) or the payload it was added with."""
@@ -154,7 +165,7 @@ class Timers:
             when, payload = whens[seq], payloads[seq]
             if kind in PROGRAM_KINDS:
                 program = programs.get(payload)  # type: ignore[arg-type]
-                keep = program is not None and program.timer_due.get(kind) == when
+                keep = program is not None and self._due[program.serial].get(kind) == when
             else:
                 keep = still_valid(when, _KINDS[kind], payload)
             if keep:

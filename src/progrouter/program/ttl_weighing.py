@@ -21,14 +21,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from progrouter.config import ActingTTLPolicy
 from progrouter.program import warmup
 from progrouter.program.factors import LogNormalFit
 from progrouter.program.policy import acting_ttl_candidates
 
 if TYPE_CHECKING:
+    from progrouter.config import ProgramSchedulingConfig
+    from progrouter.program.factors import RankStats
+    from progrouter.program.queues import RankQueues
     from progrouter.program.state import Program
-    from progrouter.program.views import Pausing
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -94,22 +95,27 @@ def waiting_weight(local_waiters: int, pool_waiters: int, pool_ranks: int, *, gl
     return max(0.0, weight)
 
 
-def hold_seconds(core: Pausing, program: Program, target_id: str, elapsed_seconds: float) -> float:
+def hold_seconds(
+    config: ProgramSchedulingConfig,
+    stats: RankStats,
+    queues: RankQueues,
+    program: Program,
+    target_id: str,
+    elapsed_seconds: float,
+) -> float:
     """The weighed TTL of an idle Active Program on ``target_id`` idle for ``elapsed_seconds``, up to the
-    next check (``weighed_ttl_check_seconds``); 0 under the spec's policy or when it should pause now. The
-    pool's share is over the Ranks the scheduler keeps statistics for."""
-    config = core.config
-    factors = core.factors.get(target_id)
-    if config.acting_ttl_policy is not ActingTTLPolicy.WEIGHED or factors is None:
+    next check (``weighed_ttl_check_seconds``); 0 when it should pause now. The pool's share is over the
+    Ranks the scheduler keeps statistics for."""
+    factors = stats.get(target_id)
+    if factors is None:
         return 0.0
-    queues = core.queues
     weight = waiting_weight(
         queues.size(target_id),
         queues.pool_waiting(program.ref.model_pool),
-        len(core.factors),
+        len(stats),
         global_queue=config.global_queue,
     )
-    fit = warmup.continuity_fit(core, target_id)
+    fit = warmup.continuity_fit(config, stats, target_id)
     hold = weighed_hold_seconds(
         fit,
         program.last_cache_miss_impact_seconds,

@@ -27,8 +27,8 @@ from progrouter.program.factors import MIN_LOG_SIGMA, LogNormalFit
 from progrouter.program.policy import fitted_acting_ttl_from_fit
 
 if TYPE_CHECKING:
-    from progrouter.program.factors import RankFactors
-    from progrouter.program.views import Pausing, RankSource
+    from progrouter.config import ProgramSchedulingConfig
+    from progrouter.program.factors import RankFactors, RankStats
 
 
 def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
@@ -49,38 +49,40 @@ def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
     return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
 
 
-def continuity_fit(core: Pausing, target_id: str) -> LogNormalFit | None:
+def continuity_fit(config: ProgramSchedulingConfig, stats: RankStats, target_id: str) -> LogNormalFit | None:
     """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0: the Rank's own
     once its window is complete; before that, under ``"pool"``, every Rank's samples together once they
     number ``stats_window_size``."""
-    factors: RankFactors | None = core.factors.get(target_id)
+    factors: RankFactors | None = stats.get(target_id)
     if factors is not None and factors.continuity_window_complete():
         return factors.log_normal_fit()
-    if core.config.stats_warmup is not StatsWarmup.POOL:
+    if config.stats_warmup is not StatsWarmup.POOL:
         return None
-    every = core.factors.values()
-    if sum(f.continuity_sample_count for f in every) < core.config.stats_window_size:
+    every = stats.values()
+    if sum(f.continuity_sample_count for f in every) < config.stats_window_size:
         return None
     return pooled_fit(f.log_normal_fit() for f in every)
 
 
-def fitted_ttl(core: Pausing, target_id: str, impact_seconds: float) -> float:
+def fitted_ttl(
+    config: ProgramSchedulingConfig, stats: RankStats, target_id: str, impact_seconds: float
+) -> float:
     """The spec's fitted acting TTL for a request that completed on ``target_id``, from ``continuity_fit``
     (the spec's value exactly under ``stats_warmup: "spec"``)."""
-    fit = continuity_fit(core, target_id)
+    fit = continuity_fit(config, stats, target_id)
     return fitted_acting_ttl_from_fit(
-        fit, impact_seconds, core.config.max_acting_ttl_seconds, window_complete=fit is not None
+        fit, impact_seconds, config.max_acting_ttl_seconds, window_complete=fit is not None
     )
 
 
-def request_stats_mature(core: RankSource, target_id: str) -> bool:
+def request_stats_mature(config: ProgramSchedulingConfig, stats: RankStats, target_id: str) -> bool:
     """Whether the cross-Rank pass may move Programs to or from ``target_id``: its request window is
     complete, or, under ``"pool"``, every Rank's request samples together fill one window."""
-    factors = core.factors.get(target_id)
+    factors = stats.get(target_id)
     if factors is None:
         return False
     if factors.request_window_complete():
         return True
-    if core.config.stats_warmup is not StatsWarmup.POOL:
+    if config.stats_warmup is not StatsWarmup.POOL:
         return False
-    return sum(f.request_sample_count for f in core.factors.values()) >= core.config.stats_window_size
+    return sum(f.request_sample_count for f in stats.values()) >= config.stats_window_size
