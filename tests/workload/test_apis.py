@@ -3,12 +3,16 @@ fixtures (tests/data/harness), and the readers of each API's answer."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from progrouter.engine import anthropic
+from progrouter.engine.chat_template import render_chat
+from progrouter.engine.tokenizer import Tokenizer
 from progrouter.workload.apis import RenderInput, make_client
 from progrouter.workload.apis.base import Usage
 from progrouter.workload.apis.conversation import ConversationBuilder
@@ -230,3 +234,26 @@ def test_chat_session_turns_carry_tool_calls_and_a_session_header_like_opencode(
     assert b1["messages"][3]["tool_call_id"] == call["id"]
     assert b2["messages"][:4] == b1["messages"]
     assert _bodies("chat-session", "t0:sub-1")[0][0]["x-session-id"] == "t0:sub-1"  # its own child session
+
+
+def test_messages_turns_render_as_the_trace_prompt_plus_a_small_fixed_overhead() -> None:
+    """The emulator's rendering of each Messages turn starts with the previous turn's tokens (the prefix
+    cache sees the trace's reuse) and adds to the trace's prompt only the tools block, the role markers and
+    under one KV block per tool exchange, so the KV working set matches ``--api completions``."""
+    trace = _trace()
+    client = make_client("messages", trace, PromptBuilder(trace), "m")
+    prompts, tokenizer = PromptBuilder(trace), Tokenizer()
+    previous: list[int] = []
+    overheads = []
+    for item in _items(trace, "t0:lead")[:3]:  # the turns that only grow
+        request = anthropic.MessagesRequest.model_validate(orjson.loads(client.render(item).body))
+        messages, tools = anthropic.to_chat(request)
+        rendered = tokenizer.encode(render_chat(messages, tools=tools))
+        assert rendered[: len(previous)] == previous
+        previous = rendered
+        trace_prompt = prompts.token_ids(item.task.task_id, item.request_id, item.request)
+        overheads.append(len(rendered) - len(trace_prompt))
+    fixed = overheads[0]
+    assert 0 < fixed <= 4 * BLOCK + 16  # the tools block and the system/user markers, once
+    per_exchange = [b - a for a, b in itertools.pairwise(overheads)]
+    assert all(0 < d < BLOCK for d in per_exchange)
