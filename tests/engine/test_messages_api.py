@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -12,7 +11,7 @@ import pytest
 from support.factories import EngineFactory
 from support.sse import collapsed_names, read_named_events
 
-from .test_server import metrics, sample, words
+from .http_helpers import metrics, sample, words
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "progrouter-emulated"
@@ -24,17 +23,6 @@ TOOLS = [
     }
 ]
 SYSTEM = [{"type": "text", "text": words(120, "sys"), "cache_control": {"type": "ephemeral"}}]
-
-
-@pytest.fixture
-def engine_defaults() -> dict[str, Any]:
-    return {"time_scale": 1000.0, "num_blocks": 512, "max_model_len": 4096}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def first_turn() -> dict[str, Any]:

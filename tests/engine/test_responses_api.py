@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -11,7 +10,7 @@ import pytest
 from support.factories import EngineFactory
 from support.sse import collapsed_names, read_named_events
 
-from .test_server import metrics, sample, words
+from .http_helpers import metrics, sample, words
 
 pytestmark = pytest.mark.timeout(60)
 TOOLS = [
@@ -33,17 +32,6 @@ STREAM_EVENTS = [
     "response.output_item.done",
     "response.completed",
 ]
-
-
-@pytest.fixture
-def engine_defaults() -> dict[str, Any]:
-    return {"time_scale": 1000.0, "num_blocks": 512, "max_model_len": 4096}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def user(text: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -14,45 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from progrouter.config import PrefillCostModel
 from support.factories import EngineFactory
 
+from .http_helpers import metrics, sample, words
+
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def engine_defaults() -> dict[str, Any]:
-    return {"time_scale": 1000.0, "num_blocks": 512, "max_model_len": 4096}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-def words(n: int, tag: str = "w") -> str:
-    return " ".join(f"{tag}{i}" for i in range(n))
-
-
-async def metrics(
-    http: aiohttp.ClientSession, url: str
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with http.get(url + "/metrics") as resp:
-        assert resp.status == 200
-        text = await resp.text()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def sample(
-    m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, engine: int, **labels: str
-) -> float:
-    want = {"engine": str(engine), "model_name": "progrouter-emulated", **labels}
-    for (n, lab), v in m.items():
-        if n == name and dict(lab) == want:
-            return v
-    raise KeyError((name, want))
 
 
 async def complete(http: aiohttp.ClientSession, url: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
