@@ -29,8 +29,8 @@ from aiohttp import web
 
 from _loopback import free_port
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.outcomes import Dispatched, ProgramRequest
-from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.types import ProgramIdentity, RequestHints, UsageObservation
 from progrouter.routing.target import Target
 from progrouter.server.dashboard_summary import Summary

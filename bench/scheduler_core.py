@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest
-from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
 from progrouter.routing.target import Target
 

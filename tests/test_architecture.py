@@ -50,7 +50,7 @@ SERVER_CORES = ("retry.py", "circuit_breaker.py")
 
 
 def _core_files() -> list[Path]:
-    files = sorted((SRC / "program").glob("*.py")) + sorted((SRC / "routing").glob("*.py"))
+    files = sorted((SRC / "program").rglob("*.py")) + sorted((SRC / "routing").glob("*.py"))
     files += [SRC / "server" / name for name in SERVER_CORES]
     files += [p for p in sorted((SRC / "engine").glob("*.py")) if p.name not in ENGINE_SHELL]
     return files
@@ -189,18 +189,26 @@ def test_no_shell_reaches_into_the_scheduler() -> None:
     assert readers == [], readers
 
 
+def _program_module(path: Path) -> str:
+    """``path``'s module inside program/, dotted (``core.lifecycle``; ``core`` for ``core/__init__.py``)."""
+    return ".".join(path.relative_to(SRC / "program").with_suffix("").parts).removesuffix(".__init__")
+
+
 def _program_imports(path: Path) -> set[str]:
     """The program/ modules ``path`` imports, type-only (``TYPE_CHECKING``) imports included."""
     names: set[str] = set()
     for name in _imports(path):
         parts = name.split(".")
         if parts[:2] == ["progrouter", "program"] and len(parts) > 2:
-            names.add(parts[2])
+            names.add(".".join(parts[2:]))
     tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):  # ``from progrouter.program import lifecycle``
-        if isinstance(node, ast.ImportFrom) and node.module == "progrouter.program":
-            names.update(a.name for a in node.names if (SRC / "program" / f"{a.name}.py").exists())
-    return names - {path.stem, "__init__"}
+    for node in ast.walk(tree):  # ``from progrouter.program.formulas import warmup``
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("progrouter.program"):
+            package = node.module.split(".")[2:]
+            for alias in node.names:
+                if (SRC / "program" / Path(*package, f"{alias.name}.py")).exists():
+                    names.add(".".join([*package, alias.name]))
+    return names - {_program_module(path), ""}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -231,8 +239,11 @@ def test_the_program_modules_import_each_other_without_a_cycle() -> None:
     """Every module of program/ stands on the ones below it: no import cycle, type-only imports included,
     so each component can be read (and built) from its dependencies up."""
     graph = {
-        p.stem: _program_imports(p) for p in sorted((SRC / "program").glob("*.py")) if p.stem != "__init__"
+        _program_module(p): _program_imports(p)
+        for p in sorted((SRC / "program").rglob("*.py"))
+        if p != SRC / "program" / "__init__.py"
     }
+    assert {"core.lifecycle", "formulas.policy", "variants.acting_ttl"} <= set(graph)
     assert _cycle(graph) == [], " -> ".join(_cycle(graph))
 
 

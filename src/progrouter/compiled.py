@@ -26,10 +26,11 @@ PACKAGE = Path(__file__).resolve().parent
 DIGESTS = "_compiled.json"  # beside this file: {module path: sha256 of the source it was built from}
 
 _PROGRAM = (
-    "acting_ttl admission agenda binding demand diagnostics dispatch factors fleet force_resume identity"
-    " ledger lifecycle lineage migration outcomes policy pool queues rank_facts records residency"
-    " residency_prompts resume resume_order scheduler state table telemetry timers token_estimator"
-    " ttl_weighing usage warmup"
+    "core/admission core/agenda core/binding core/demand core/diagnostics core/dispatch core/factors"
+    " core/fleet core/force_resume core/ledger core/lifecycle core/lineage core/pool core/queues"
+    " core/rank_facts core/records core/resume core/resume_order core/scheduler core/state core/table"
+    " core/telemetry core/timers formulas/policy formulas/ttl_weighing formulas/warmup variants/acting_ttl"
+    " variants/migration identity outcomes residency residency_prompts token_estimator usage"
 )
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from integration.helpers import CAPACITY, program_body, words
-from progrouter.program.diagnostics import redact
+from progrouter.program.core.diagnostics import redact
 from progrouter.server.runner import RunningRouter
 from support.browser import Browser
 from support.factories import EngineFactory, RouterFactory

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FALLBACK = "no C extension can be built here"
 #: what the installed copy reports: where it is, what runs compiled, what is stale, how the scheduler loads
 PROBE = (
-    "import json, progrouter.program.scheduler as s; from progrouter import compiled as c;"
+    "import json, progrouter.program.core.scheduler as s; from progrouter import compiled as c;"
     "print(json.dumps([c.PACKAGE.as_posix(), c.compiled(), c.stale(), s.__file__]))"
 )
 

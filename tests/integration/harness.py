@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from progrouter.program.diagnostics import redact
+from progrouter.program.core.diagnostics import redact
 from progrouter.workload.apis import ApiName, RenderInput, make_client
 from progrouter.workload.prompts import PromptBuilder
 from progrouter.workload.replay import ReplayOptions, ReplayResult, replay

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.scheduler import ProgramScheduler
+from progrouter.program.core.state import ProgramRef
 from progrouter.program.observer import RecordingObserver
 from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
-from progrouter.program.pool import RequestHandle
-from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.state import ProgramRef
 from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
 from progrouter.routing.target import Target
 

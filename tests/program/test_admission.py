@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import T0, T1, Harness
-from progrouter.program.admission import Rejection, plan
+from progrouter.program.core.admission import Rejection, plan
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(120)

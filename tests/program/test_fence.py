@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from progrouter.program.state import FIELD_OWNERS, Program
+from progrouter.program.core.state import FIELD_OWNERS, Program
 
 PROGRAM = Path(__file__).parents[2] / "src" / "progrouter" / "program"
 MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "append", "extend", "remove", "add", "discard"}
@@ -61,10 +61,10 @@ def writes(source: str) -> list[tuple[int, str]]:
 def test_every_program_field_has_one_owner() -> None:
     fields = {f.name for f in dataclasses.fields(Program)}
     assert set(FIELD_OWNERS) == fields - CONSTRUCTED
-    assert all((PROGRAM / f"{owner}.py").exists() for owner in FIELD_OWNERS.values())
+    assert all(any(PROGRAM.rglob(f"{owner}.py")) for owner in FIELD_OWNERS.values())
 
 
-@pytest.mark.parametrize("path", sorted(PROGRAM.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(PROGRAM.rglob("*.py")), ids=lambda p: str(p.relative_to(PROGRAM)))
 def test_only_the_owner_writes_a_program_field(path: Path) -> None:
     module = path.stem
     foreign = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from progrouter.program.lineage import ProgramLineage
+from progrouter.program.core.lineage import ProgramLineage
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -3,7 +3,7 @@ gone or its wait already exceeds what recomputing it costs."""
 
 from __future__ import annotations
 
-from progrouter.program.migration import move_pays
+from progrouter.program.variants.migration import move_pays
 
 
 def test_a_fresh_pause_with_a_short_wait_stays() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.observer import RecordingObserver
 from progrouter.program.outcomes import Dispatched, ProgramRequest
-from progrouter.program.scheduler import ProgramScheduler
 from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
 from progrouter.routing.target import Target
 

@@ -9,9 +9,9 @@ import pytest
 from scipy import integrate, stats
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
-from progrouter.program import policy
-from progrouter.program.factors import ContinuitySample, LogNormalFit, RankFactors, RequestSample
-from progrouter.program.policy import (
+from progrouter.program.core.factors import ContinuitySample, LogNormalFit, RankFactors, RequestSample
+from progrouter.program.formulas import policy
+from progrouter.program.formulas.policy import (
     BatchGainEstimate,
     CapacityAccountingSource,
     RepairVictim,

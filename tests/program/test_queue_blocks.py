@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from progrouter.config import PrefillCostModel
-from progrouter.program.admission import largest_fitting
+from progrouter.program.core.admission import largest_fitting
 from support.program_loop import POOL, Decision, ProgramModules, closed_loop
 from support.pure import plain_python
 

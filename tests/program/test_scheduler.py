@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from conftest import POOL, T0, T1, Harness
+from progrouter.program.core.state import ProgramRef
 from progrouter.program.outcomes import ProgramRequest
-from progrouter.program.state import ProgramRef
 from progrouter.program.types import NoTargets, RequestHints
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from conftest import POOL, T0, T1, Harness
-from progrouter.program.diagnostics import SHOWN_STATES, redact
-from progrouter.program.state import ProgramRef, ProgramState, ProgramStatus
+from progrouter.program.core.diagnostics import SHOWN_STATES, redact
+from progrouter.program.core.state import ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from conftest import POOL, T0, T1, Harness
-from progrouter.program.factors import RequestSample
-from progrouter.program.policy import completion_cache_miss_impact, fitted_acting_ttl
-from progrouter.program.state import Program
+from progrouter.program.core.factors import RequestSample
+from progrouter.program.core.state import Program
+from progrouter.program.formulas.policy import completion_cache_miss_impact, fitted_acting_ttl
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)

@@ -22,11 +22,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conftest import identity
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.scheduler import ProgramScheduler
+from progrouter.program.core.state import ProgramState, ProgramStatus
 from progrouter.program.observer import NullObserver
 from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest, TimedOut
-from progrouter.program.pool import RequestHandle
-from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.state import ProgramState, ProgramStatus
 from progrouter.program.types import BackendObservation, RequestHints, UsageObservation
 from progrouter.routing.target import Target
 

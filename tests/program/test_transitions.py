@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from conftest import POOL, T0, Harness
-from progrouter.program.state import AR, TRANSITIONS, Event, IllegalTransition, ProgramState, ProgramStatus
+from progrouter.program.core.state import (
+    AR,
+    TRANSITIONS,
+    Event,
+    IllegalTransition,
+    ProgramState,
+    ProgramStatus,
+)
 
 PHASES = list(itertools.product(ProgramState, ProgramStatus))
 

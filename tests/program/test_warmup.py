@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.factors import ContinuitySample, RankStats, RequestSample
-from progrouter.program.policy import fit_log_normal, fitted_acting_ttl_for_rank
-from progrouter.program.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
+from progrouter.program.core.factors import ContinuitySample, RankStats, RequestSample
+from progrouter.program.formulas.policy import fit_log_normal, fitted_acting_ttl_for_rank
+from progrouter.program.formulas.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
 
 WINDOW = 10
 

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from progrouter.program.diagnostics import redact
+from progrouter.program.core.diagnostics import redact
 from progrouter.server.runner import RunningRouter
 from support.agent_streams import anthropic_message, anthropic_stream, responses_object, responses_stream
 from support.factories import RouterFactory

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from progrouter.program.diagnostics import redact
+from progrouter.program.core.diagnostics import redact
 from progrouter.workload.apis import ApiName, RenderInput
 from progrouter.workload.apis.chat_session import session_id
 from progrouter.workload.facts import Fact

@@ -36,8 +36,8 @@ class ProgramModules:
 
     @classmethod
     def load(cls, load: Callable[[str], ModuleType]) -> ProgramModules:
-        names = ("admission", "outcomes", "queues", "records", "resume", "scheduler", "state", "types")
-        return cls(*(load(f"progrouter.program.{name}") for name in names))
+        names = ("core.admission", "outcomes", "core.queues", "core.records", "core.resume", "core.scheduler")
+        return cls(*(load(f"progrouter.program.{name}") for name in (*names, "core.state", "types")))
 
 
 def closed_loop(m: ProgramModules, seed: int, *, steps: int = 2500, **fields: Any) -> list[Decision]:

@@ -5,15 +5,15 @@ errors, the observer protocol, and the read-only summaries (``SchedulerView`` an
 ``ProgramRow``). The submodules are the scheduler's own parts.
 """
 
-from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE, SHOWN_STATES, ProgramRow, SchedulerView
-from progrouter.program.ledger import ObservationEpoch
+from progrouter.program.core.diagnostics import DEFAULT_PROGRAM_PAGE, SHOWN_STATES, ProgramRow, SchedulerView
+from progrouter.program.core.ledger import ObservationEpoch
+from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.records import PauseReason
+from progrouter.program.core.scheduler import ProgramScheduler
+from progrouter.program.core.state import ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.observer import LogLevel, NullObserver, RecordingObserver, SchedulerObserver
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest, TimedOut
-from progrouter.program.pool import RequestHandle
-from progrouter.program.records import PauseReason
 from progrouter.program.residency import Report as ResidencyReport
-from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.state import ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.types import (
     BackendObservation,
     InvalidIdentity,

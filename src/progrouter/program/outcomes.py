@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from progrouter.program.pool import RequestHandle
-from progrouter.program.state import ProgramRef
+from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.state import ProgramRef
 from progrouter.program.types import ProgramIdentity, RequestHints
 from progrouter.routing.target import Target
 

@@ -30,17 +30,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.program.policy import CACHE_CONTINUITY_RATIO
-from progrouter.program.state import ProgramState, ProgramStatus
+from progrouter.program.core.state import ProgramState, ProgramStatus
+from progrouter.program.formulas.policy import CACHE_CONTINUITY_RATIO
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.lifecycle import Lifecycle
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.lifecycle import Lifecycle
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
+    from progrouter.program.core.telemetry import Telemetry
     from progrouter.program.outcomes import ProgramRequest
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
-    from progrouter.program.telemetry import Telemetry
 
 
 Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt, resident tokens per Rank)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from progrouter.program.diagnostics import SHOWN_STATES
+from progrouter.program.core.diagnostics import SHOWN_STATES
 
 if TYPE_CHECKING:
-    from progrouter.program.diagnostics import SchedulerView
-    from progrouter.program.scheduler import ProgramScheduler
-    from progrouter.program.state import Program
+    from progrouter.program.core.diagnostics import SchedulerView
+    from progrouter.program.core.scheduler import ProgramScheduler
+    from progrouter.program.core.state import Program
 
 MAX_PAGE_SIZE = 200
 STATES = SHOWN_STATES

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from mypy_extensions import mypyc_attr
 
-from progrouter.program.state import (
+from progrouter.program.core.state import (
     _ACTIVATE,
     _IDLE,
     _PAUSE,
@@ -30,8 +30,8 @@ from progrouter.program.state import (
 )
 
 if TYPE_CHECKING:
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.pool import RequestPool
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.pool import RequestPool
     from progrouter.program.types import ProgramIdentity
 
 

@@ -20,9 +20,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.demand import program_private_tokens, required_tokens
-from progrouter.program.factors import ContinuitySample, RequestSample
-from progrouter.program.policy import (
+from progrouter.program.core.demand import program_private_tokens, required_tokens
+from progrouter.program.core.factors import ContinuitySample, RequestSample
+from progrouter.program.core.records import (
+    ActingTTL,
+    Completions,
+    Pause,
+    PauseReason,
+    Segment,
+    SharedPrefix,
+)
+from progrouter.program.core.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
+from progrouter.program.core.timers import ACTING_TTL, PAUSED_RETENTION
+from progrouter.program.formulas.policy import (
     RepairVictim,
     cache_continuous,
     completion_cache_miss_impact,
@@ -33,16 +43,6 @@ from progrouter.program.policy import (
     repair_score,
     shared_prefix_freshness_seconds,
 )
-from progrouter.program.records import (
-    ActingTTL,
-    Completions,
-    Pause,
-    PauseReason,
-    Segment,
-    SharedPrefix,
-)
-from progrouter.program.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
-from progrouter.program.timers import ACTING_TTL, PAUSED_RETENTION
 from progrouter.program.types import UsageObservation
 
 #: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)
@@ -50,20 +50,20 @@ _TTL_EXPIRED = PauseReason.TTL_EXPIRED
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.acting_ttl import TTLPolicy
-    from progrouter.program.agenda import Agenda
-    from progrouter.program.factors import RankFactors, RankStats
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.force_resume import ForceResumeKeeper
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.lineage import ProgramLineage
+    from progrouter.program.core.agenda import Agenda
+    from progrouter.program.core.factors import RankFactors, RankStats
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.force_resume import ForceResumeKeeper
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.lineage import ProgramLineage
+    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.state import Program, RankPrograms
+    from progrouter.program.core.table import ProgramTable
+    from progrouter.program.core.telemetry import Telemetry
+    from progrouter.program.core.timers import Timers
     from progrouter.program.outcomes import ProgramDispatch, ProgramRequest
-    from progrouter.program.pool import RequestPool
-    from progrouter.program.queues import RankQueues
-    from progrouter.program.state import Program, RankPrograms
-    from progrouter.program.table import ProgramTable
-    from progrouter.program.telemetry import Telemetry
-    from progrouter.program.timers import Timers
+    from progrouter.program.variants.acting_ttl import TTLPolicy
 
 
 # ------------------------------------------------------------------------------- records without a component

@@ -13,11 +13,11 @@ import math
 from typing import TYPE_CHECKING
 
 from progrouter.config import ResumeOrder
-from progrouter.program.records import PauseReason
+from progrouter.program.core.records import PauseReason
 
 if TYPE_CHECKING:
-    from progrouter.program.records import ForceResume, QueueKey
-    from progrouter.program.state import Program
+    from progrouter.program.core.records import ForceResume, QueueKey
+    from progrouter.program.core.state import Program
     from progrouter.program.types import RequestHints
 
 #: enum members read for every queued Program, as plain globals (why: ``state.ACTIVE``)

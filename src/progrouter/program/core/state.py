@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from mypy_extensions import mypyc_attr
 
-from progrouter.program.records import (
+from progrouter.program.core.records import (
     NO_COMPLETIONS,
     NO_SEGMENT,
     NO_SHARED_PREFIX,

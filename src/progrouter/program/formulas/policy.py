@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
-from progrouter.program.factors import MIN_LOG_SIGMA, LogNormalFit, RankFactors
+from progrouter.program.core.factors import MIN_LOG_SIGMA, LogNormalFit, RankFactors
 
 __all__ = [
     "ACTING_TTL_GRID_POINTS",

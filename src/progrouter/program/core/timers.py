@@ -28,7 +28,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from progrouter.program.state import Program
+    from progrouter.program.core.state import Program
 
 
 class TimerKind(IntEnum):

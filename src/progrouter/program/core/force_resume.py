@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.program.policy import (
+from progrouter.program.core.records import ForceResume
+from progrouter.program.core.resume_order import local_key
+from progrouter.program.core.timers import FORCE_RESUME
+from progrouter.program.formulas.policy import (
     ForceResumeEstimate,
     PoolThroughput,
     effective_force_resume_timeout,
@@ -22,19 +25,16 @@ from progrouter.program.policy import (
     target_rounds,
     total_active_remaining_rounds,
 )
-from progrouter.program.records import ForceResume
-from progrouter.program.resume_order import local_key
-from progrouter.program.timers import FORCE_RESUME
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankStats
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.queues import RankQueues
-    from progrouter.program.records import QueueKey
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
-    from progrouter.program.timers import Timers
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.records import QueueKey
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
+    from progrouter.program.core.timers import Timers
     from progrouter.program.types import RequestHints
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.admission import RankView
+from progrouter.program.core.admission import RankView
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankStats
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.table import ProgramTable
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.table import ProgramTable
 
 
 class RankViews:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from progrouter.program.types import RequestHints
 
 if TYPE_CHECKING:
-    from progrouter.program.state import Program
+    from progrouter.program.core.state import Program
 
 
 class RequestHandle(NamedTuple):

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.program.policy import (
+from progrouter.program.formulas.policy import (
     OBSERVATION_FRESHNESS_INTERVALS,
     CapacityAccountingSource,
     capacity_accounting_source,
@@ -26,8 +26,8 @@ from progrouter.program.policy import (
 from progrouter.program.types import BackendObservation
 
 if TYPE_CHECKING:
-    from progrouter.program.agenda import Agenda
-    from progrouter.program.state import Program, RankPrograms
+    from progrouter.program.core.agenda import Agenda
+    from progrouter.program.core.state import Program, RankPrograms
 
 
 @dataclass(frozen=True, slots=True)

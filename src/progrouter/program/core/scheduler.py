@@ -18,31 +18,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from progrouter.config import CrossRankGate, ProgramSchedulingConfig
-from progrouter.program.acting_ttl import acting_ttl
-from progrouter.program.admission import plan_binding_only
-from progrouter.program.agenda import Agenda
-from progrouter.program.binding import Binder, binding_candidates
-from progrouter.program.demand import required_tokens
-from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE, Diagnostics, SchedulerView
-from progrouter.program.dispatch import Dispatcher
-from progrouter.program.factors import RankStats
-from progrouter.program.fleet import Fleet
-from progrouter.program.force_resume import ForceResumeKeeper
-from progrouter.program.ledger import CapacityLedger, ObservationEpoch
-from progrouter.program.lifecycle import CapacityRepair, Lifecycle, rebound
-from progrouter.program.lineage import ProgramLineage
-from progrouter.program.migration import RecomputeCostGate
-from progrouter.program.observer import NullObserver, SchedulerObserver
-from progrouter.program.outcomes import Dispatched, Outbox, Outcome, ProgramDispatch, ProgramRequest, TimedOut
-from progrouter.program.pool import PendingRequest, RequestHandle, RequestPool
-from progrouter.program.queues import RankQueues
-from progrouter.program.rank_facts import RankViews
-from progrouter.program.residency import Report, ResidencyRules
-from progrouter.program.resume import Resumer
-from progrouter.program.state import AA, ACTIVE, PA, Program
-from progrouter.program.table import ProgramTable
-from progrouter.program.telemetry import Telemetry
-from progrouter.program.timers import (
+from progrouter.program.core.admission import plan_binding_only
+from progrouter.program.core.agenda import Agenda
+from progrouter.program.core.binding import Binder, binding_candidates
+from progrouter.program.core.demand import required_tokens
+from progrouter.program.core.diagnostics import DEFAULT_PROGRAM_PAGE, Diagnostics, SchedulerView
+from progrouter.program.core.dispatch import Dispatcher
+from progrouter.program.core.factors import RankStats
+from progrouter.program.core.fleet import Fleet
+from progrouter.program.core.force_resume import ForceResumeKeeper
+from progrouter.program.core.ledger import CapacityLedger, ObservationEpoch
+from progrouter.program.core.lifecycle import CapacityRepair, Lifecycle, rebound
+from progrouter.program.core.lineage import ProgramLineage
+from progrouter.program.core.pool import PendingRequest, RequestHandle, RequestPool
+from progrouter.program.core.queues import RankQueues
+from progrouter.program.core.rank_facts import RankViews
+from progrouter.program.core.resume import Resumer
+from progrouter.program.core.state import AA, ACTIVE, PA, Program
+from progrouter.program.core.table import ProgramTable
+from progrouter.program.core.telemetry import Telemetry
+from progrouter.program.core.timers import (
     ACTING_TTL,
     FORCE_RESUME,
     OBSERVATION_STALE,
@@ -51,7 +46,12 @@ from progrouter.program.timers import (
     TimerKind,
     Timers,
 )
+from progrouter.program.observer import NullObserver, SchedulerObserver
+from progrouter.program.outcomes import Dispatched, Outbox, Outcome, ProgramDispatch, ProgramRequest, TimedOut
+from progrouter.program.residency import Report, ResidencyRules
 from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
+from progrouter.program.variants.acting_ttl import acting_ttl
+from progrouter.program.variants.migration import RecomputeCostGate
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 

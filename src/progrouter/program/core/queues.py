@@ -14,11 +14,11 @@ import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from progrouter.program.records import QueueEntry, QueueKey
+from progrouter.program.core.records import QueueEntry, QueueKey
 
 if TYPE_CHECKING:
-    from progrouter.program.agenda import Agenda
-    from progrouter.program.state import Program
+    from progrouter.program.core.agenda import Agenda
+    from progrouter.program.core.state import Program
 
 
 #: Keys per block of a Rank queue: a block splits past twice this (a pass skips whole blocks, see below).

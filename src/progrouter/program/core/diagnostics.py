@@ -20,25 +20,29 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from progrouter.program.demand import program_private_tokens
-from progrouter.program.ledger import RankAccount
-from progrouter.program.lifecycle import future_relief
-from progrouter.program.policy import CapacityAccountingSource, fitted_acting_ttl_for_rank, observation_fresh
-from progrouter.program.state import ProgramState, ProgramStatus
+from progrouter.program.core.demand import program_private_tokens
+from progrouter.program.core.ledger import RankAccount
+from progrouter.program.core.lifecycle import future_relief
+from progrouter.program.core.state import ProgramState, ProgramStatus
+from progrouter.program.formulas.policy import (
+    CapacityAccountingSource,
+    fitted_acting_ttl_for_rank,
+    observation_fresh,
+)
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankFactors, RankStats
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.force_resume import ForceResumeKeeper
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.lineage import ProgramLineage
+    from progrouter.program.core.factors import RankFactors, RankStats
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.force_resume import ForceResumeKeeper
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.lineage import ProgramLineage
+    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
     from progrouter.program.observer import SchedulerObserver
-    from progrouter.program.pool import RequestPool
-    from progrouter.program.queues import RankQueues
     from progrouter.program.residency import ResidencyRules
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
 
 
 #: Program entries one snapshot lists unless asked for fewer or more (``limit``), and the most it lists: at

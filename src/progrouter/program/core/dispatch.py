@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.demand import program_private_tokens
+from progrouter.program.core.demand import program_private_tokens
 from progrouter.program.outcomes import ProgramDispatch
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.binding import Binder
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.ledger import CapacityLedger
+    from progrouter.program.core.binding import Binder
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
+    from progrouter.program.core.telemetry import Telemetry
     from progrouter.program.outcomes import Outbox
-    from progrouter.program.pool import RequestPool
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
-    from progrouter.program.telemetry import Telemetry
 
 
 class Dispatcher:

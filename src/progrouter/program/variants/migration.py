@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.policy import shared_prefix_freshness_seconds
+from progrouter.program.formulas.policy import shared_prefix_freshness_seconds
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankStats
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
 
 
 def move_pays(

@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from progrouter.config import StatsWarmup
-from progrouter.program.factors import MIN_LOG_SIGMA, LogNormalFit
-from progrouter.program.policy import fitted_acting_ttl_from_fit
+from progrouter.program.core.factors import MIN_LOG_SIGMA, LogNormalFit
+from progrouter.program.formulas.policy import fitted_acting_ttl_from_fit
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankFactors, RankStats
+    from progrouter.program.core.factors import RankFactors, RankStats
 
 
 def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:

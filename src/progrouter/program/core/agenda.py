@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from progrouter.program.admission import RankView
+    from progrouter.program.core.admission import RankView
 
 
 class Agenda:

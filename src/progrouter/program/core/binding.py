@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig
-from progrouter.program.demand import required_tokens
+from progrouter.program.core.demand import required_tokens
 from progrouter.routing.hash_ring import HashRing
 from progrouter.routing.prefix_tree import CacheAwareIndex
 
 if TYPE_CHECKING:
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.pool import RequestPool
-    from progrouter.program.queues import RankQueues
-    from progrouter.program.rank_facts import RankViews
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.rank_facts import RankViews
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,29 +20,30 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program import lifecycle, warmup
-from progrouter.program.admission import AdmissionPlan, Rejection, count_fits, plan, uncached_tokens
-from progrouter.program.demand import required_tokens
-from progrouter.program.records import ForceResume, QueueEntry, QueueKey
-from progrouter.program.resume_order import cross_rank_key, forced, local_key, queued_at
+from progrouter.program.core import lifecycle
+from progrouter.program.core.admission import AdmissionPlan, Rejection, count_fits, plan, uncached_tokens
+from progrouter.program.core.demand import required_tokens
+from progrouter.program.core.records import ForceResume, QueueEntry, QueueKey
+from progrouter.program.core.resume_order import cross_rank_key, forced, local_key, queued_at
+from progrouter.program.formulas import warmup
 from progrouter.program.types import BackendObservation, RequestHints
 
 if TYPE_CHECKING:
-    from progrouter.program.admission import RankView
-    from progrouter.program.agenda import Agenda
-    from progrouter.program.dispatch import Dispatcher
-    from progrouter.program.factors import RankStats
-    from progrouter.program.fleet import Fleet
-    from progrouter.program.force_resume import ForceResumeKeeper
-    from progrouter.program.ledger import CapacityLedger
-    from progrouter.program.migration import RecomputeCostGate
-    from progrouter.program.pool import RequestPool
-    from progrouter.program.queues import RankQueue, RankQueues
-    from progrouter.program.rank_facts import RankViews
+    from progrouter.program.core.admission import RankView
+    from progrouter.program.core.agenda import Agenda
+    from progrouter.program.core.dispatch import Dispatcher
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.fleet import Fleet
+    from progrouter.program.core.force_resume import ForceResumeKeeper
+    from progrouter.program.core.ledger import CapacityLedger
+    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.queues import RankQueue, RankQueues
+    from progrouter.program.core.rank_facts import RankViews
+    from progrouter.program.core.state import Program
+    from progrouter.program.core.table import ProgramTable
+    from progrouter.program.core.telemetry import Telemetry
     from progrouter.program.residency import ResidencyRules
-    from progrouter.program.state import Program
-    from progrouter.program.table import ProgramTable
-    from progrouter.program.telemetry import Telemetry
+    from progrouter.program.variants.migration import RecomputeCostGate
 
 
 _COUNT = Rejection.COUNT

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.policy import private_tokens
+from progrouter.program.formulas.policy import private_tokens
 
 if TYPE_CHECKING:
-    from progrouter.program.state import Program
+    from progrouter.program.core.state import Program
     from progrouter.program.types import RequestHints
 
 

@@ -21,15 +21,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from progrouter.program import warmup
-from progrouter.program.factors import LogNormalFit
-from progrouter.program.policy import acting_ttl_candidates
+from progrouter.program.core.factors import LogNormalFit
+from progrouter.program.formulas import warmup
+from progrouter.program.formulas.policy import acting_ttl_candidates
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankStats
-    from progrouter.program.queues import RankQueues
-    from progrouter.program.state import Program
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.state import Program
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 

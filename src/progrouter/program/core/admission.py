@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.policy import (
+from progrouter.program.formulas.policy import (
     BatchGainEstimate,
     BatchGainRank,
     growth_reserve,
@@ -30,9 +30,9 @@ from progrouter.program.policy import (
 )
 
 if TYPE_CHECKING:
-    from progrouter.program.factors import RankFactors
-    from progrouter.program.records import QueueEntry
-    from progrouter.program.state import Program, RankPrograms
+    from progrouter.program.core.factors import RankFactors
+    from progrouter.program.core.records import QueueEntry
+    from progrouter.program.core.state import Program, RankPrograms
     from progrouter.program.types import BackendObservation
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import ActingTTLPolicy
-from progrouter.program import ttl_weighing, warmup
+from progrouter.program.formulas import ttl_weighing, warmup
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
-    from progrouter.program.factors import RankStats
-    from progrouter.program.queues import RankQueues
-    from progrouter.program.state import Program
+    from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.state import Program
 
 
 class TTLPolicy(Protocol):

@@ -1,0 +1,1 @@
+"""The scheduler's components: each owns its state and is wired once by ``ProgramScheduler``."""

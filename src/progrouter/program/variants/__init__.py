@@ -1,0 +1,1 @@
+"""Beyond-the-spec strategies, each chosen once at construction from its setting."""
