@@ -29,8 +29,10 @@ _PROGRAM = (
     "core/admission core/agenda core/binding core/demand core/diagnostics core/dispatch core/factors"
     " core/fleet core/force_resume core/ledger core/lifecycle core/lineage core/pool core/queues"
     " core/rank_facts core/records core/resume core/resume_order core/scheduler core/state core/table"
-    " core/telemetry core/timers formulas/policy formulas/ttl_weighing formulas/warmup variants/acting_ttl"
-    " variants/migration identity outcomes residency residency_prompts token_estimator usage"
+    " core/telemetry core/timers formulas/accounting formulas/batch_gain formulas/force_resume"
+    " formulas/freshness formulas/growth formulas/repair formulas/ttl_fit formulas/ttl_weighing"
+    " formulas/warmup variants/acting_ttl variants/migration"
+    " identity outcomes residency residency_prompts token_estimator usage"
 )
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on

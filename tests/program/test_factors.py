@@ -8,7 +8,7 @@ import random
 import pytest
 
 from progrouter.program.core.factors import ContinuitySample, RankFactors, RequestSample
-from progrouter.program.formulas.policy import fit_log_normal
+from progrouter.program.formulas.ttl_fit import fit_log_normal
 
 pytestmark = pytest.mark.timeout(30)
 

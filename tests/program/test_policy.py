@@ -10,11 +10,54 @@ from scipy import integrate, stats
 
 from progrouter.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
 from progrouter.program.core.factors import ContinuitySample, LogNormalFit, RankFactors, RequestSample
-from progrouter.program.formulas import policy
-from progrouter.program.formulas.policy import (
-    BatchGainEstimate,
+from progrouter.program.formulas.accounting import (
     CapacityAccountingSource,
+    capacity_accounting_source,
+    estimate_active_program_tokens,
+    observation_fresh,
+    target_usage,
+)
+from progrouter.program.formulas.batch_gain import BatchGainEstimate, estimate_batch_gain, rank_batch_gain
+from progrouter.program.formulas.force_resume import (
+    ForceResumeEstimate,
+    PoolThroughput,
+    active_remaining_rounds,
+    effective_force_resume_timeout,
+    force_resume_timeout,
+    global_force_resume_estimate,
+    local_force_resume_estimate,
+    total_active_remaining_rounds,
+)
+from progrouter.program.formulas.freshness import shared_prefix_freshness_seconds
+from progrouter.program.formulas.growth import (
+    cache_continuous,
+    context_growth,
+    growth_reserve,
+    private_tokens,
+    protected_remaining_rounds,
+    target_rounds,
+)
+from progrouter.program.formulas.repair import (
     RepairVictim,
+    plan_capacity_repair,
+    projected_usage,
+    repair_average_completion,
+    repair_relief,
+    repair_score,
+)
+from progrouter.program.formulas.ttl_fit import (
+    _ERFC_IS_TWO,
+    _SQRT1_2,
+    MIN_ACTING_TTL_SECONDS,
+    _grid_argmax,
+    _no_candidate_gains,
+    acting_ttl_candidates,
+    completion_cache_miss_impact,
+    fit_log_normal,
+    fitted_acting_ttl,
+    fitted_acting_ttl_for_rank,
+    fitted_acting_ttl_from_fit,
+    normal_cdf,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,10 +91,10 @@ def test_reference_cold_prefill_is_13_93_seconds_and_impact_is_1_85_times_it() -
     # 0.066 + 0.05702·50 + 0.0044057·50² = 0.066 + 2.851 + 11.0143
     assert prefill == pytest.approx(13.93, abs=0.005)
     assert model.cache_miss_impact_seconds(50_000) == pytest.approx(1.85 * prefill)
-    assert policy.completion_cache_miss_impact(model, 50_000, 0) == pytest.approx(1.85 * prefill)
+    assert completion_cache_miss_impact(model, 50_000, 0) == pytest.approx(1.85 * prefill)
     # The shared prefix is assumed to survive: only the rest is charged; it is capped at the prompt.
-    assert policy.completion_cache_miss_impact(model, 60_000, 10_000) == pytest.approx(1.85 * prefill)
-    assert policy.completion_cache_miss_impact(model, 1000, 5000) == 0.0
+    assert completion_cache_miss_impact(model, 60_000, 10_000) == pytest.approx(1.85 * prefill)
+    assert completion_cache_miss_impact(model, 1000, 5000) == 0.0
 
 
 # --------------------------------------------------------------------------------------- normal CDF
@@ -59,11 +102,11 @@ def test_reference_cold_prefill_is_13_93_seconds_and_impact_is_1_85_times_it() -
 
 def test_normal_cdf_matches_the_exact_cdf() -> None:
     xs = np.linspace(-8.0, 8.0, 1601)
-    ours = np.array([policy.normal_cdf(float(x)) for x in xs])
+    ours = np.array([normal_cdf(float(x)) for x in xs])
     assert np.max(np.abs(ours - stats.norm.cdf(xs))) < 1e-12
-    assert policy.normal_cdf(0.0) == pytest.approx(0.5, abs=1e-9)
-    assert policy.normal_cdf(1.0) + policy.normal_cdf(-1.0) == pytest.approx(1.0, abs=1e-12)
-    assert 0.0 <= policy.normal_cdf(-40.0) <= policy.normal_cdf(40.0) == 1.0
+    assert normal_cdf(0.0) == pytest.approx(0.5, abs=1e-9)
+    assert normal_cdf(1.0) + normal_cdf(-1.0) == pytest.approx(1.0, abs=1e-12)
+    assert 0.0 <= normal_cdf(-40.0) <= normal_cdf(40.0) == 1.0
 
 
 # --------------------------------------------------------------------------------------- Progress-TTL
@@ -88,7 +131,7 @@ def test_fitted_ttl_on_a_known_interval_sample_is_the_argmax_of_the_true_utility
     logs = np.log(intervals)
     mu, sigma = float(logs.mean()), float(logs.std())
     impact = 6.0
-    ttl = policy.fitted_acting_ttl(intervals, impact, 10.0, window_complete=True)
+    ttl = fitted_acting_ttl(intervals, impact, 10.0, window_complete=True)
 
     # Independently: the same upstream candidate grid, scored with the exact utility.
     grid = [0.0, 0.05, 6.0, *np.geomspace(0.05, 6.0, 32)]
@@ -124,17 +167,17 @@ def test_the_no_gain_bound_answers_exactly_what_the_grid_answers() -> None:
             sigma=float(10 ** rng.uniform(-6.0, 0.7)),
             samples=100,
         )
-        ttl = policy.fitted_acting_ttl_from_fit(fit, impact, cap, window_complete=True)
+        ttl = fitted_acting_ttl_from_fit(fit, impact, cap, window_complete=True)
         max_ttl = min(cap, impact)
-        grid = policy._grid_argmax(fit, impact, max_ttl)
+        grid = _grid_argmax(fit, impact, max_ttl)
         assert ttl == grid, (fit, impact, cap)
-        if policy._no_candidate_gains(fit, impact, max_ttl):
+        if _no_candidate_gains(fit, impact, max_ttl):
             taken += 1
             assert grid == 0.0
         elif grid > 0.0:
             z = (math.log(max_ttl) - fit.mu) / fit.sigma
-            hit = policy.normal_cdf(z)
-            close += impact * hit < 2.0 * min(policy.MIN_ACTING_TTL_SECONDS, max_ttl) * (1.0 - hit)
+            hit = normal_cdf(z)
+            close += impact * hit < 2.0 * min(MIN_ACTING_TTL_SECONDS, max_ttl) * (1.0 - hit)
     assert taken > 1_000
     assert close > 5
 
@@ -142,12 +185,12 @@ def test_the_no_gain_bound_answers_exactly_what_the_grid_answers() -> None:
 def _grid_scored_point_by_point(fit: LogNormalFit, impact: float, max_ttl: float) -> float:
     """The grid's argmax as it was computed before the shortcuts: every candidate, in order, scored."""
     best_ttl, best_utility = 0.0, 0.0
-    for ttl in policy.acting_ttl_candidates(max_ttl):
+    for ttl in acting_ttl_candidates(max_ttl):
         if ttl <= 0.0:
             continue
         z = (math.log(ttl) - fit.mu) / fit.sigma
-        hit = 0.5 * math.erfc(-z * policy._SQRT1_2)
-        utility = impact * hit - fit.mean * 0.5 * math.erfc(-(z - fit.sigma) * policy._SQRT1_2)
+        hit = 0.5 * math.erfc(-z * _SQRT1_2)
+        utility = impact * hit - fit.mean * 0.5 * math.erfc(-(z - fit.sigma) * _SQRT1_2)
         utility -= ttl * (1.0 - hit)
         if utility >= best_utility:
             best_ttl, best_utility = ttl, utility
@@ -165,64 +208,64 @@ def test_intervals_far_inside_the_shortest_ttl_answer_what_the_grid_answers() ->
         impact = float(10 ** rng.uniform(-2.0, 1.0))
         max_ttl = min(float(rng.choice([10.0, 600.0, impact * 0.5])), impact)
         sigma = float(10 ** rng.uniform(-6.0, 0.3))
-        least = min(math.log(ttl) for ttl in policy.acting_ttl_candidates(max_ttl) if ttl > 0.0)
+        least = min(math.log(ttl) for ttl in acting_ttl_candidates(max_ttl) if ttl > 0.0)
         mu = least - float(rng.uniform(2.0, 20.0)) * sigma
         if rng.random() < 0.2:  # gaps about as long as the cold start: scored
             mu = math.log(impact) + float(rng.uniform(-1.0, 1.0)) * sigma
         fit = LogNormalFit(mu=mu, sigma=sigma, samples=100)
-        assert policy._grid_argmax(fit, impact, max_ttl) == _grid_scored_point_by_point(fit, impact, max_ttl)
-        if -((least - mu) / sigma - sigma) * policy._SQRT1_2 <= policy._ERFC_IS_TWO:
+        assert _grid_argmax(fit, impact, max_ttl) == _grid_scored_point_by_point(fit, impact, max_ttl)
+        if -((least - mu) / sigma - sigma) * _SQRT1_2 <= _ERFC_IS_TWO:
             taken += 1
         else:
             scored += 1
-    assert math.erfc(policy._ERFC_IS_TWO) == 2.0
+    assert math.erfc(_ERFC_IS_TWO) == 2.0
     assert taken > 1_000 and scored > 1_000
 
 
 def test_fitted_ttl_is_zero_until_the_continuity_window_is_complete() -> None:
     intervals = lognormal_quantile_sample(mu=-1.0, sigma=0.5)
-    assert policy.fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=False) == 0.0
-    assert policy.fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True) > 0.0
+    assert fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=False) == 0.0
+    assert fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True) > 0.0
     f = RankFactors(100)
     for interval in intervals[:99]:
         f.push_continuity(ContinuitySample(interval, 6.0))
-    assert policy.fitted_acting_ttl_for_rank(f, 6.0, 10.0) == 0.0
+    assert fitted_acting_ttl_for_rank(f, 6.0, 10.0) == 0.0
     f.push_continuity(ContinuitySample(intervals[99], 6.0))
-    assert policy.fitted_acting_ttl_for_rank(f, 6.0, 10.0) == pytest.approx(
-        policy.fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True), rel=1e-9
+    assert fitted_acting_ttl_for_rank(f, 6.0, 10.0) == pytest.approx(
+        fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True), rel=1e-9
     )
-    assert policy.fitted_acting_ttl_for_rank(None, 6.0, 10.0) == 0.0
+    assert fitted_acting_ttl_for_rank(None, 6.0, 10.0) == 0.0
 
 
 def test_intervals_far_longer_than_the_impact_give_zero_ttl() -> None:
     intervals = lognormal_quantile_sample(mu=math.log(600.0), sigma=0.3)  # ~10-minute tool gaps
-    assert policy.fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True) == 0.0
+    assert fitted_acting_ttl(intervals, 6.0, 10.0, window_complete=True) == 0.0
 
 
 def test_intervals_much_shorter_than_the_impact_hold_for_min_of_max_and_impact() -> None:
     intervals = lognormal_quantile_sample(mu=math.log(0.2), sigma=0.2)
     # capped by the impact
-    assert policy.fitted_acting_ttl(intervals, 3.0, 10.0, window_complete=True) == pytest.approx(3.0)
+    assert fitted_acting_ttl(intervals, 3.0, 10.0, window_complete=True) == pytest.approx(3.0)
     # capped by max_acting_ttl
-    assert policy.fitted_acting_ttl(intervals, 6.0, 2.0, window_complete=True) == pytest.approx(2.0)
+    assert fitted_acting_ttl(intervals, 6.0, 2.0, window_complete=True) == pytest.approx(2.0)
 
 
 def test_fitted_ttl_degenerate_inputs() -> None:
     same = [0.5] * 100  # σ = 0 → floored at 1e-6, still fits
-    assert policy.fitted_acting_ttl(same, 6.0, 10.0, window_complete=True) == pytest.approx(6.0)
-    assert policy.fitted_acting_ttl([0.0, -1.0, math.nan], 6.0, 10.0, window_complete=True) == 0.0
-    assert policy.fitted_acting_ttl(same, 0.0, 10.0, window_complete=True) == 0.0
-    assert policy.fitted_acting_ttl(same, 6.0, 0.0, window_complete=True) == 0.0
-    fit = policy.fit_log_normal(same)
+    assert fitted_acting_ttl(same, 6.0, 10.0, window_complete=True) == pytest.approx(6.0)
+    assert fitted_acting_ttl([0.0, -1.0, math.nan], 6.0, 10.0, window_complete=True) == 0.0
+    assert fitted_acting_ttl(same, 0.0, 10.0, window_complete=True) == 0.0
+    assert fitted_acting_ttl(same, 6.0, 0.0, window_complete=True) == 0.0
+    fit = fit_log_normal(same)
     assert fit is not None and fit.sigma == 1e-6
 
 
 def test_ttl_candidate_grid_is_upstreams() -> None:
-    grid = policy.acting_ttl_candidates(10.0)
+    grid = acting_ttl_candidates(10.0)
     assert len(grid) == 35
     assert grid[:3] == (0.0, 0.05, 10.0)
     assert grid[3] == pytest.approx(0.05) and grid[-1] == pytest.approx(10.0)
-    assert policy.acting_ttl_candidates(0.01) == (0.0, 0.01, 0.01)
+    assert acting_ttl_candidates(0.01) == (0.0, 0.01, 0.01)
 
 
 # --------------------------------------------------------------------------------------- rounds and reserve
@@ -230,20 +273,20 @@ def test_ttl_candidate_grid_is_upstreams() -> None:
 
 def test_growth_reserve_9000_example() -> None:
     f = mature_factors(rounds=3, growth=1000)
-    rounds = policy.target_rounds(f, 14)
+    rounds = target_rounds(f, 14)
     assert rounds == 6
-    remaining = [policy.protected_remaining_rounds(rounds, r) for r in (4, 5, 9)]
+    remaining = [protected_remaining_rounds(rounds, r) for r in (4, 5, 9)]
     assert remaining == [2, 1, 0]
-    assert policy.growth_reserve(f.average_context_growth_tokens(), rounds, remaining) == 9000.0
+    assert growth_reserve(f.average_context_growth_tokens(), rounds, remaining) == 9000.0
 
 
 def test_target_rounds_clamps_and_cold_window_gives_zero() -> None:
-    assert policy.target_rounds(RankFactors(2), 14) == 0
-    assert policy.target_rounds(None, 14) == 0
-    assert policy.target_rounds(mature_factors(rounds=10), 14) == 14
-    assert policy.target_rounds(mature_factors(rounds=0), 14) == 1
-    assert policy.growth_reserve(1000.0, 0, [3]) == 0.0
-    assert policy.growth_reserve(0.0, 6, [3]) == 0.0
+    assert target_rounds(RankFactors(2), 14) == 0
+    assert target_rounds(None, 14) == 0
+    assert target_rounds(mature_factors(rounds=10), 14) == 14
+    assert target_rounds(mature_factors(rounds=0), 14) == 1
+    assert growth_reserve(1000.0, 0, [3]) == 0.0
+    assert growth_reserve(0.0, 6, [3]) == 0.0
 
 
 # --------------------------------------------------------------------------------------- batch gain
@@ -273,7 +316,7 @@ def gain(**overrides: object) -> BatchGainEstimate:
         "protected_cache_miss_impacts": [],
     }
     args.update(overrides)
-    return policy.estimate_batch_gain(**args)  # type: ignore[arg-type]
+    return estimate_batch_gain(**args)  # type: ignore[arg-type]
 
 
 def hand_rel_gain() -> float:
@@ -348,7 +391,7 @@ def test_batch_gain_disabled_cases() -> None:
 def test_rank_batch_gain_reads_config_and_factors() -> None:
     config = ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000, stats_window_size=2)
     f = mature_factors(rounds=3, growth=None)  # decode 1.0 s measured, no growth
-    est = policy.rank_batch_gain(
+    est = rank_batch_gain(
         config,
         f,
         batch_size_before=4,
@@ -360,7 +403,7 @@ def test_rank_batch_gain_reads_config_and_factors() -> None:
     assert est.batch_gain_seconds == pytest.approx(1.0 * hand_rel_gain())
     assert est.candidate_recovery_seconds == 0.0 and est.admits
     no_capacity = ProgramSchedulingConfig(stats_window_size=2)
-    est = policy.rank_batch_gain(
+    est = rank_batch_gain(
         no_capacity,
         f,
         batch_size_before=4,
@@ -376,21 +419,21 @@ def test_rank_batch_gain_reads_config_and_factors() -> None:
 
 
 def test_force_resume_timeout_clamps() -> None:
-    assert policy.force_resume_timeout(5, 6, 0.5, 300.0) == pytest.approx(66.0)  # 3 × 11 / 0.5
-    assert policy.force_resume_timeout(1, 0, 1.0, 300.0) == 30.0  # 3 s → lower clamp
-    assert policy.force_resume_timeout(0, 0, 1.0, 300.0) == 30.0
-    assert policy.force_resume_timeout(100, 0, 0.5, 300.0) == 300.0  # 600 s → upper clamp
-    assert policy.force_resume_timeout(1, 0, 1.0, 20.0) == 20.0  # min(30, max) when max < 30
-    assert policy.force_resume_timeout(5, 6, 0.0, 300.0) == 300.0  # no throughput → fallback
-    assert policy.force_resume_timeout(5, 6, 0.5, 300.0, target_rounds=0) == 300.0
+    assert force_resume_timeout(5, 6, 0.5, 300.0) == pytest.approx(66.0)  # 3 × 11 / 0.5
+    assert force_resume_timeout(1, 0, 1.0, 300.0) == 30.0  # 3 s → lower clamp
+    assert force_resume_timeout(0, 0, 1.0, 300.0) == 30.0
+    assert force_resume_timeout(100, 0, 0.5, 300.0) == 300.0  # 600 s → upper clamp
+    assert force_resume_timeout(1, 0, 1.0, 20.0) == 20.0  # min(30, max) when max < 30
+    assert force_resume_timeout(5, 6, 0.0, 300.0) == 300.0  # no throughput → fallback
+    assert force_resume_timeout(5, 6, 0.5, 300.0, target_rounds=0) == 300.0
 
 
 def test_local_force_resume_estimate() -> None:
     # target 6; active: reasoning at 2 → 4, reasoning at 9 → floor 1, acting at 9 → floor 0, acting at 1 → 5
-    est = policy.local_force_resume_estimate(
+    est = local_force_resume_estimate(
         target_rounds=6,
         throughput=0.5,
-        active_remaining_rounds=policy.total_active_remaining_rounds(6, [2, 9], [9, 1]),
+        active_remaining_rounds=total_active_remaining_rounds(6, [2, 9], [9, 1]),
         waiters_ahead=2,
         max_timeout=300.0,
     )
@@ -398,18 +441,18 @@ def test_local_force_resume_estimate() -> None:
     assert est.pool_remaining_rounds == 12.0
     assert est.timeout_seconds == pytest.approx(3 * 22 / 0.5)
     assert not est.fallback
-    cold = policy.local_force_resume_estimate(
+    cold = local_force_resume_estimate(
         target_rounds=0, throughput=0.5, active_remaining_rounds=1.0, waiters_ahead=1, max_timeout=300.0
     )
-    assert cold == policy.ForceResumeEstimate(300.0, 0.0, 0.0, 0.0, True)
+    assert cold == ForceResumeEstimate(300.0, 0.0, 0.0, 0.0, True)
 
 
 def test_global_force_resume_estimate() -> None:
     ranks = {"a": (6, 0.5), "b": (4, 1.0)}
-    est = policy.global_force_resume_estimate(
-        pool=policy.PoolThroughput.of(ranks.values()),
-        active_remaining_rounds=policy.total_active_remaining_rounds(6, [2], [])
-        + policy.total_active_remaining_rounds(4, [4], [9]),
+    est = global_force_resume_estimate(
+        pool=PoolThroughput.of(ranks.values()),
+        active_remaining_rounds=total_active_remaining_rounds(6, [2], [])
+        + total_active_remaining_rounds(4, [4], [9]),
         waiters_ahead=3,
         max_timeout=300.0,
     )
@@ -417,8 +460,8 @@ def test_global_force_resume_estimate() -> None:
     assert est.pool_remaining_rounds == 6.0 + 4.0 + 5.0  # each waiter ahead counts the mean rounds, 5
     assert est.request_throughput_per_second == 1.5
     assert est.timeout_seconds == pytest.approx(3 * 20 / 1.5)
-    immature = policy.global_force_resume_estimate(
-        pool=policy.PoolThroughput.of([(6, 0.5), (0, 0.0)]),
+    immature = global_force_resume_estimate(
+        pool=PoolThroughput.of([(6, 0.5), (0, 0.0)]),
         active_remaining_rounds=0.0,
         waiters_ahead=0,
         max_timeout=300.0,
@@ -427,39 +470,39 @@ def test_global_force_resume_estimate() -> None:
 
 
 def test_a_deadline_hint_replaces_the_estimate_capped_by_queue_timeout() -> None:
-    assert policy.effective_force_resume_timeout(66.0, None, 600.0) == 66.0
-    assert policy.effective_force_resume_timeout(66.0, 500.0, 600.0) == 500.0
-    assert policy.effective_force_resume_timeout(66.0, 5.0, 600.0) == 5.0
-    assert policy.effective_force_resume_timeout(66.0, 900.0, 600.0) == 600.0
+    assert effective_force_resume_timeout(66.0, None, 600.0) == 66.0
+    assert effective_force_resume_timeout(66.0, 500.0, 600.0) == 500.0
+    assert effective_force_resume_timeout(66.0, 5.0, 600.0) == 5.0
+    assert effective_force_resume_timeout(66.0, 900.0, 600.0) == 600.0
 
 
 def test_active_remaining_floor() -> None:
-    assert policy.active_remaining_rounds(6, 8, reasoning=True) == 1.0
-    assert policy.active_remaining_rounds(6, 8, reasoning=False) == 0.0
-    assert policy.active_remaining_rounds(6, 2, reasoning=False) == 4.0
+    assert active_remaining_rounds(6, 8, reasoning=True) == 1.0
+    assert active_remaining_rounds(6, 8, reasoning=False) == 0.0
+    assert active_remaining_rounds(6, 2, reasoning=False) == 4.0
 
 
 # --------------------------------------------------------------------------------------- capacity repair
 
 
 def test_repair_score() -> None:
-    assert policy.repair_score(10.0, 25, 100.0) == pytest.approx(20.0)  # 1/√0.25 = 2
-    assert policy.repair_score(10.0, 400, 100.0) == pytest.approx(5.0)  # 1/√4 = 0.5
-    assert policy.repair_score(10.0, 1600, 100.0) == pytest.approx(5.0)  # 0.25 floored to 0.5
-    assert policy.repair_score(10.0, 0, 100.0) == pytest.approx(10_000.0)  # ratio floored at 1e-6
-    assert policy.repair_score(10.0, 1, 0.0) == pytest.approx(10.0)  # avg_prompt floored at 1
-    assert policy.repair_score(0.0, 25, 100.0) == 0.0
+    assert repair_score(10.0, 25, 100.0) == pytest.approx(20.0)  # 1/√0.25 = 2
+    assert repair_score(10.0, 400, 100.0) == pytest.approx(5.0)  # 1/√4 = 0.5
+    assert repair_score(10.0, 1600, 100.0) == pytest.approx(5.0)  # 0.25 floored to 0.5
+    assert repair_score(10.0, 0, 100.0) == pytest.approx(10_000.0)  # ratio floored at 1e-6
+    assert repair_score(10.0, 1, 0.0) == pytest.approx(10.0)  # avg_prompt floored at 1
+    assert repair_score(0.0, 25, 100.0) == 0.0
 
 
 def test_projected_usage_and_plan() -> None:
-    assert policy.projected_usage(1000.0, 50.0, 3, 200.0, 1) == pytest.approx(900.0)
-    assert policy.projected_usage(100.0, 0.0, 0, 500.0, 1) == 0.0
+    assert projected_usage(1000.0, 50.0, 3, 200.0, 1) == pytest.approx(900.0)
+    assert projected_usage(100.0, 0.0, 0, 500.0, 1) == 0.0
     f = mature_factors()
     f.push_request(
         RequestSample(1, 151, 0, None, 1.0, None, 0.0, 0, 5.0)
     )  # completions 100, 151 → mean 125.5 → 126
-    assert policy.repair_average_completion(f) == 126.0
-    assert policy.repair_average_completion(None) == 0.0
+    assert repair_average_completion(f) == 126.0
+    assert repair_average_completion(None) == 0.0
 
     victims = [
         RepairVictim("b", reasoning=False, score=5.0, private_tokens=300.0),
@@ -468,14 +511,14 @@ def test_projected_usage_and_plan() -> None:
         RepairVictim("d", reasoning=False, score=5.0, private_tokens=400.0),
     ]
     # not above high: nothing
-    assert policy.plan_capacity_repair(1000.0, 1000.0, 800.0, victims, 50.0) == []
-    chosen = policy.plan_capacity_repair(1200.0, 1000.0, 800.0, victims, 50.0)
+    assert plan_capacity_repair(1000.0, 1000.0, 800.0, victims, 50.0) == []
+    chosen = plan_capacity_repair(1200.0, 1000.0, 800.0, victims, 50.0)
     # c (score 9) → 1100, d (400 private) → 700 ≤ low: stop
     assert [v.program_id for v in chosen] == ["c", "d"]
-    chosen = policy.plan_capacity_repair(1600.0, 1000.0, 800.0, victims, 50.0)
+    chosen = plan_capacity_repair(1600.0, 1000.0, 800.0, victims, 50.0)
     # c → 1500, d → 1100, a (reasoning: 300 + 50, tie on score/private broken by id) → 750
     assert [v.program_id for v in chosen] == ["c", "d", "a"]
-    assert policy.repair_relief(300.0, reasoning=True, avg_completion_tokens=50.0) == 350.0
+    assert repair_relief(300.0, reasoning=True, avg_completion_tokens=50.0) == 350.0
 
 
 # --------------------------------------------------------------------------------------- freshness
@@ -483,59 +526,57 @@ def test_projected_usage_and_plan() -> None:
 
 def test_shared_prefix_freshness() -> None:
     # 2 × 100k × 3 s / 4 programs / 1000 uncached tokens = 150 s
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 1000.0, True) == 150.0
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 1000.0, False) == 100.0
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, None, 3.0, 4, 1000.0, True) == 100.0
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 0, 1000.0, True) == 100.0
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 0.0, 4, 1000.0, True) == 100.0
-    assert policy.shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 0.0, True) == 100.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 1000.0, True) == 150.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 1000.0, False) == 100.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, None, 3.0, 4, 1000.0, True) == 100.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 0, 1000.0, True) == 100.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 0.0, 4, 1000.0, True) == 100.0
+    assert shared_prefix_freshness_seconds(100.0, 2.0, 100_000, 3.0, 4, 0.0, True) == 100.0
 
 
 # --------------------------------------------------------------------------------------- observations
 
 
 def test_observation_checkpoint_550_example() -> None:
-    est = policy.estimate_active_program_tokens(0.5, 1000, 1, 1, 300.0, 0.0)
+    est = estimate_active_program_tokens(0.5, 1000, 1, 1, 300.0, 0.0)
     assert est == 500.0
     assert (
-        policy.target_usage(
-            fresh=True, est_active_program_tokens=est, delta_since_checkpoint=50.0, ledger_tokens=0
-        )
+        target_usage(fresh=True, est_active_program_tokens=est, delta_since_checkpoint=50.0, ledger_tokens=0)
         == 550.0
     )
 
 
 def test_active_program_token_estimate_cases() -> None:
     # vLLM runs 2, the Router has 4 reasoning Programs: scale the native usage up, add the acting ledger
-    assert policy.estimate_active_program_tokens(0.25, 1000, 2, 4, 0.0, 70.0) == 250.0 * 4 / 2 + 70.0
+    assert estimate_active_program_tokens(0.25, 1000, 2, 4, 0.0, 70.0) == 250.0 * 4 / 2 + 70.0
     # nothing running but the Router has reasoning Programs: trust their private tokens
-    assert policy.estimate_active_program_tokens(0.25, 1000, 0, 3, 420.0, 70.0) == 490.0
+    assert estimate_active_program_tokens(0.25, 1000, 0, 3, 420.0, 70.0) == 490.0
     # nothing anywhere: native usage
-    assert policy.estimate_active_program_tokens(0.25, 1000, 0, 0, 0.0, 0.0) == 250.0
-    assert policy.estimate_active_program_tokens(0.25, None, 2, 4, 0.0, 70.0) is None
+    assert estimate_active_program_tokens(0.25, 1000, 0, 0, 0.0, 0.0) == 250.0
+    assert estimate_active_program_tokens(0.25, None, 2, 4, 0.0, 70.0) is None
 
 
 def test_target_usage_falls_back_to_the_ledger() -> None:
     assert (
-        policy.target_usage(
+        target_usage(
             fresh=False, est_active_program_tokens=500.0, delta_since_checkpoint=50.0, ledger_tokens=321.0
         )
         == 321.0
     )
     assert (
-        policy.target_usage(
+        target_usage(
             fresh=True, est_active_program_tokens=None, delta_since_checkpoint=50.0, ledger_tokens=321.0
         )
         == 321.0
     )
     assert (
-        policy.target_usage(
+        target_usage(
             fresh=True, est_active_program_tokens=100.0, delta_since_checkpoint=-500.0, ledger_tokens=321.0
         )
         == 0.0
     )
-    assert policy.observation_fresh(3.0, 1.0) and not policy.observation_fresh(4.0, 1.0)
-    src = policy.capacity_accounting_source
+    assert observation_fresh(3.0, 1.0) and not observation_fresh(4.0, 1.0)
+    src = capacity_accounting_source
     assert src(has_observation=False, fresh=False, has_token_estimate=False) is (
         CapacityAccountingSource.ROUTER_LEDGER_MISSING_OBSERVATION
     )
@@ -553,15 +594,15 @@ def test_target_usage_falls_back_to_the_ledger() -> None:
 
 
 def test_context_growth_continuity_and_private_tokens() -> None:
-    assert policy.context_growth(1500, 1000) == 500
-    assert policy.context_growth(2500, 1000) is None  # growth ≥ previous: a new context, not growth
-    assert policy.context_growth(900, 1000) is None
-    assert policy.context_growth(1500, None) is None
-    assert policy.cache_continuous(None, 0)
-    assert policy.cache_continuous(1000, 900) and not policy.cache_continuous(1000, 899)
+    assert context_growth(1500, 1000) == 500
+    assert context_growth(2500, 1000) is None  # growth ≥ previous: a new context, not growth
+    assert context_growth(900, 1000) is None
+    assert context_growth(1500, None) is None
+    assert cache_continuous(None, 0)
+    assert cache_continuous(1000, 900) and not cache_continuous(1000, 899)
 
     def private(context: int, shared: int, expected: int | None) -> int:
-        return policy.private_tokens(
+        return private_tokens(
             context,
             shared,
             expected_output_tokens=expected,
@@ -573,7 +614,7 @@ def test_context_growth_continuity_and_private_tokens() -> None:
     assert private(100, 0, None) == 200
     assert private(100, 150, None) == 100
     assert (
-        policy.private_tokens(
+        private_tokens(
             100, 20, expected_output_tokens=None, output_token_reservation=0, decode_buffer_tokens=100
         )
         == 80

@@ -11,7 +11,7 @@ import pytest
 from conftest import POOL, T0, T1, Harness
 from progrouter.program.core.factors import RequestSample
 from progrouter.program.core.state import Program
-from progrouter.program.formulas.policy import completion_cache_miss_impact, fitted_acting_ttl
+from progrouter.program.formulas.ttl_fit import completion_cache_miss_impact, fitted_acting_ttl
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from progrouter.program.core.factors import LogNormalFit
-from progrouter.program.formulas.policy import fitted_acting_ttl_from_fit
+from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_from_fit
 from progrouter.program.formulas.ttl_weighing import hold_utility, waiting_weight, weighed_hold_seconds
 
 #: Real agents' tool calls: median 13 s, p90 187 s (σ = ln(187/13) / 1.2816).

@@ -9,7 +9,7 @@ are absent, and then the old behaviour holds. The rules:
 - **held in vain**: an Acting Program keeps its tokens charged for its TTL so that its KV survives the tool
   call; once its Rank (a metrics interval or more after its last request finished, so that the events of
   what that request stored have arrived) holds less of its last prompt than a continuous cache hit needs
-  (90 %, as ``policy.cache_continuous`` counts it), the KV did not survive and the charge protects little,
+  (90 %, as ``cache_continuous`` counts it), the KV did not survive and the charge protects little,
   so the TTL ends now (a pause, ``ttl_expired``) and the capacity goes to waiters;
 - **stays home**: a waiting Program whose Rank still holds more of its prompt than any other Rank and than
   its shared prefix (its TTL expired, its KV did not) resumes cheaply there, so the cross-Rank pass does not
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from progrouter.program.core.state import ProgramState, ProgramStatus
-from progrouter.program.formulas.policy import CACHE_CONTINUITY_RATIO
+from progrouter.program.formulas.growth import CACHE_CONTINUITY_RATIO
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

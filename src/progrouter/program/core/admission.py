@@ -21,13 +21,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.formulas.policy import (
-    BatchGainEstimate,
-    BatchGainRank,
-    growth_reserve,
-    rank_batch_gain,
-    target_rounds,
-)
+from progrouter.program.formulas.batch_gain import BatchGainEstimate, BatchGainRank, rank_batch_gain
+from progrouter.program.formulas.growth import growth_reserve, target_rounds
 
 if TYPE_CHECKING:
     from progrouter.program.core.factors import RankFactors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.formulas.policy import private_tokens
+from progrouter.program.formulas.growth import private_tokens
 
 if TYPE_CHECKING:
     from progrouter.program.core.state import Program

@@ -24,11 +24,8 @@ from progrouter.program.core.demand import program_private_tokens
 from progrouter.program.core.ledger import RankAccount
 from progrouter.program.core.lifecycle import future_relief
 from progrouter.program.core.state import ProgramState, ProgramStatus
-from progrouter.program.formulas.policy import (
-    CapacityAccountingSource,
-    fitted_acting_ttl_for_rank,
-    observation_fresh,
-)
+from progrouter.program.formulas.accounting import CapacityAccountingSource, observation_fresh
+from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_for_rank
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

@@ -267,7 +267,7 @@ class RankFactors:
     def log_normal_fit(self) -> LogNormalFit | None:
         """Fit of the positive finite intervals in the window, O(1) (None when there are none).
 
-        The scheduler passes it to ``policy.fitted_acting_ttl_from_fit`` so the fit is not redone per call.
+        The scheduler passes it to ``ttl_fit.fitted_acting_ttl_from_fit`` so the fit is not redone per call.
         """
         if self._fit_valid:
             return self._fit

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 from progrouter.program.core.records import ForceResume
 from progrouter.program.core.resume_order import local_key
 from progrouter.program.core.timers import FORCE_RESUME
-from progrouter.program.formulas.policy import (
+from progrouter.program.formulas.force_resume import (
     ForceResumeEstimate,
     PoolThroughput,
     effective_force_resume_timeout,
     global_force_resume_estimate,
     local_force_resume_estimate,
-    target_rounds,
     total_active_remaining_rounds,
 )
+from progrouter.program.formulas.growth import target_rounds
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

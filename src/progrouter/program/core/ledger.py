@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.program.formulas.policy import (
+from progrouter.program.formulas.accounting import (
     OBSERVATION_FRESHNESS_INTERVALS,
     CapacityAccountingSource,
     capacity_accounting_source,

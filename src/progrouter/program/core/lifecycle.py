@@ -32,17 +32,16 @@ from progrouter.program.core.records import (
 )
 from progrouter.program.core.state import AA, ACTIVE, PA, ProgramState, ProgramStatus
 from progrouter.program.core.timers import ACTING_TTL, PAUSED_RETENTION
-from progrouter.program.formulas.policy import (
+from progrouter.program.formulas.freshness import shared_prefix_freshness_seconds
+from progrouter.program.formulas.growth import cache_continuous, context_growth
+from progrouter.program.formulas.repair import (
     RepairVictim,
-    cache_continuous,
-    completion_cache_miss_impact,
-    context_growth,
     plan_capacity_repair,
     projected_usage,
     repair_average_completion,
     repair_score,
-    shared_prefix_freshness_seconds,
 )
+from progrouter.program.formulas.ttl_fit import completion_cache_miss_impact
 from progrouter.program.types import UsageObservation
 
 #: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from progrouter.program.core.factors import LogNormalFit
 from progrouter.program.formulas import warmup
-from progrouter.program.formulas.policy import acting_ttl_candidates
+from progrouter.program.formulas.ttl_fit import acting_ttl_candidates
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from progrouter.config import StatsWarmup
 from progrouter.program.core.factors import MIN_LOG_SIGMA, LogNormalFit
-from progrouter.program.formulas.policy import fitted_acting_ttl_from_fit
+from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_from_fit
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from progrouter.program.formulas.policy import shared_prefix_freshness_seconds
+from progrouter.program.formulas.freshness import shared_prefix_freshness_seconds
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
