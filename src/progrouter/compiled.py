@@ -31,7 +31,7 @@ _PROGRAM = (
     " core/rank_facts core/records core/resume core/resume_order core/scheduler core/state core/table"
     " core/telemetry core/timers formulas/accounting formulas/batch_gain formulas/force_resume"
     " formulas/freshness formulas/growth formulas/repair formulas/ttl_fit formulas/ttl_weighing"
-    " formulas/warmup variants/acting_ttl variants/migration"
+    " variants/acting_ttl variants/migration variants/warmup"
     " identity outcomes residency residency_prompts token_estimator usage"
 )
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.core.factors import ContinuitySample, RankStats, RequestSample
 from progrouter.program.formulas.ttl_fit import fit_log_normal, fitted_acting_ttl_for_rank
-from progrouter.program.formulas.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
+from progrouter.program.variants.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
 
 WINDOW = 10
 

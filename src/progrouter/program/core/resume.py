@@ -25,8 +25,8 @@ from progrouter.program.core.admission import AdmissionPlan, Rejection, count_fi
 from progrouter.program.core.demand import required_tokens
 from progrouter.program.core.records import ForceResume, QueueEntry, QueueKey
 from progrouter.program.core.resume_order import cross_rank_key, forced, local_key, queued_at
-from progrouter.program.formulas import warmup
 from progrouter.program.types import BackendObservation, RequestHints
+from progrouter.program.variants import warmup
 
 if TYPE_CHECKING:
     from progrouter.program.core.admission import RankView

@@ -22,8 +22,8 @@ import math
 from typing import TYPE_CHECKING
 
 from progrouter.program.core.factors import LogNormalFit
-from progrouter.program.formulas import warmup
 from progrouter.program.formulas.ttl_fit import acting_ttl_candidates
+from progrouter.program.variants import warmup
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig

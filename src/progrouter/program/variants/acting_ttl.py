@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import ActingTTLPolicy
-from progrouter.program.formulas import ttl_weighing, warmup
+from progrouter.program.formulas import ttl_weighing
+from progrouter.program.variants import warmup
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
