@@ -13,24 +13,34 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.factors import ContinuitySample, RankStats, RequestSample
+from progrouter.program.core.factors import ContinuitySample, LogNormalFit, RankStats, RequestSample
 from progrouter.program.formulas.ttl_fit import fit_log_normal, fitted_acting_ttl_for_rank
-from progrouter.program.variants.warmup import continuity_fit, fitted_ttl, pooled_fit, request_stats_mature
+from progrouter.program.variants import warmup
+from progrouter.program.variants.warmup import pooled_fit, stats_warmup
 
 WINDOW = 10
 
 
 @dataclass
 class Statistics:
-    """What ``warmup`` reads: the config and the per-Rank statistics."""
+    """What a warm-up reads: the config (which names it) and the per-Rank statistics."""
 
     config: ProgramSchedulingConfig
     factors: RankStats = field(default_factory=lambda: RankStats(WINDOW))
 
 
-def parts(core: Statistics) -> tuple[ProgramSchedulingConfig, RankStats]:
-    """``warmup``'s first two arguments."""
-    return core.config, core.factors
+def continuity_fit(core: Statistics, target: str) -> LogNormalFit | None:
+    """The fit the warm-up ``core.config`` names gives ``target``'s acting TTL."""
+    return stats_warmup(core.config).continuity_fit(core.factors, target)
+
+
+def request_stats_mature(core: Statistics, target: str) -> bool:
+    return stats_warmup(core.config).request_stats_mature(core.factors, target)
+
+
+def fitted_ttl(core: Statistics, target: str, impact: float) -> float:
+    warm, max_ttl = stats_warmup(core.config), core.config.max_acting_ttl_seconds
+    return warmup.fitted_ttl(warm, core.factors, target, impact, max_ttl)
 
 
 def core_with(samples: dict[str, list[float]], **config: object) -> Statistics:
@@ -67,15 +77,15 @@ def test_the_default_is_the_spec_ttl(impact: float) -> None:
     core = core_with({"a": gaps(WINDOW - 1, 1), "b": gaps(WINDOW, 2), "c": gaps(WINDOW, 3)})
     for target in ("a", "b", "z"):
         spec = fitted_acting_ttl_for_rank(core.factors.get(target), impact, 10.0)
-        assert fitted_ttl(*parts(core), target, impact) == spec
-    assert fitted_ttl(*parts(core), "a", impact) == 0.0
+        assert fitted_ttl(core, target, impact) == spec
+    assert fitted_ttl(core, "a", impact) == 0.0
 
 
 def test_a_cold_rank_borrows_the_pool_once_it_fills_one_window() -> None:
     cold = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 4, 2)}, stats_warmup="pool")
-    assert continuity_fit(*parts(cold), "a") is None  # 9 samples in all: still 0
+    assert continuity_fit(cold, "a") is None  # 9 samples in all: still 0
     warm = core_with({"a": gaps(3, 1), "b": gaps(WINDOW - 3, 2)}, stats_warmup="pool")
-    fit = continuity_fit(*parts(warm), "a")
+    fit = continuity_fit(warm, "a")
     assert fit is not None and fit.samples == WINDOW
     expected = fit_log_normal(gaps(3, 1) + gaps(WINDOW - 3, 2))
     assert expected is not None and fit.mu == pytest.approx(expected.mu)
@@ -86,16 +96,16 @@ def test_a_cold_rank_holds_for_short_tool_calls_seen_elsewhere() -> None:
     holds about as long as the mature Rank next to it."""
     short = [2.0, 3.0, 4.0, 2.5, 3.5, 3.0, 2.0, 4.0, 3.0, 2.5]
     split = {"a": short[:2], "b": short[2:]}
-    assert fitted_ttl(*parts(core_with(split)), "a", 30.0) == 0.0
-    pooled = fitted_ttl(*parts(core_with(split, stats_warmup="pool")), "a", 30.0)
-    mature = fitted_ttl(*parts(core_with({"a": short})), "a", 30.0)
+    assert fitted_ttl(core_with(split), "a", 30.0) == 0.0
+    pooled = fitted_ttl(core_with(split, stats_warmup="pool"), "a", 30.0)
+    mature = fitted_ttl(core_with({"a": short}), "a", 30.0)
     assert pooled == mature > 3.0
 
 
 def test_a_mature_rank_keeps_its_own_fit() -> None:
     """Pooling is only the warm-up: a Rank with a complete window fits its own samples."""
     core = core_with({"a": [5.0] * WINDOW, "b": [500.0] * WINDOW}, stats_warmup="pool")
-    fit = continuity_fit(*parts(core), "a")
+    fit = continuity_fit(core, "a")
     assert fit is not None and fit.mu == pytest.approx(math.log(5.0)) and fit.samples == WINDOW
 
 
@@ -110,20 +120,20 @@ def with_requests(counts: dict[str, int], **config: object) -> Statistics:
 def test_cross_rank_maturity_borrows_the_pool_only_when_switched_on() -> None:
     counts = {"a": 2, "b": WINDOW - 2, "c": WINDOW}
     spec, pooled = with_requests(counts), with_requests(counts, stats_warmup="pool")
-    assert [request_stats_mature(*parts(spec), t) for t in ("a", "b", "c", "z")] == [
+    assert [request_stats_mature(spec, t) for t in ("a", "b", "c", "z")] == [
         False,
         False,
         True,
         False,
     ]
-    assert [request_stats_mature(*parts(pooled), t) for t in ("a", "b", "c", "z")] == [
+    assert [request_stats_mature(pooled, t) for t in ("a", "b", "c", "z")] == [
         True,
         True,
         True,
         False,
     ]
     short = with_requests({"a": 2, "b": WINDOW - 3}, stats_warmup="pool")
-    assert not request_stats_mature(*parts(short), "a")
+    assert not request_stats_mature(short, "a")
 
 
 def test_the_config_names_the_switch() -> None:

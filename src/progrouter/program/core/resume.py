@@ -26,7 +26,6 @@ from progrouter.program.core.demand import required_tokens
 from progrouter.program.core.records import ForceResume, QueueEntry, QueueKey
 from progrouter.program.core.resume_order import cross_rank_key, forced, local_key, queued_at
 from progrouter.program.types import BackendObservation, RequestHints
-from progrouter.program.variants import warmup
 
 if TYPE_CHECKING:
     from progrouter.program.core.admission import RankView
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
     from progrouter.program.core.telemetry import Telemetry
     from progrouter.program.residency import ResidencyRules
     from progrouter.program.variants.migration import RecomputeCostGate
+    from progrouter.program.variants.warmup import Warmup
 
 
 _COUNT = Rejection.COUNT
@@ -69,6 +69,7 @@ class Resumer:
         "_table",
         "_telemetry",
         "_views",
+        "_warmup",
     )
 
     def __init__(
@@ -87,6 +88,7 @@ class Resumer:
         dispatcher: Dispatcher,
         residency: ResidencyRules | None,
         gate: RecomputeCostGate | None,
+        warmup: Warmup,
     ) -> None:
         self._config = config
         self._telemetry = telemetry
@@ -102,6 +104,7 @@ class Resumer:
         self._dispatcher = dispatcher
         self._residency = residency
         self._gate = gate
+        self._warmup = warmup
 
     def wait(self, program: Program, now: float) -> None:
         """A Paused Program got a request: it waits in its Rank queue (planned again if it was queued already:
@@ -311,19 +314,14 @@ class Resumer:
         interval = config.metrics_interval_seconds
         stats, gate, residency = self._stats, self._gate, self._residency
         record = self._keeper.record
-
-        def mature(target: str) -> bool:
-            return warmup.request_stats_mature(
-                config, stats, target
-            )  # the spec's, bar stats_warmup (warmup.py)
-
-        destinations = [t for t in targets if self._queues.size(t) == 0 and mature(t)]
+        mature = self._warmup.request_stats_mature  # the spec's, bar stats_warmup (variants/warmup.py)
+        destinations = [t for t in targets if self._queues.size(t) == 0 and mature(stats, t)]
         if not destinations:
             return
         candidates: list[Program] = []
         for target in targets:
             queue = self._queues.get(target)
-            if queue is None or not len(queue) or not mature(target):
+            if queue is None or not len(queue) or not mature(stats, target):
                 continue
             candidates.extend(
                 p

@@ -52,6 +52,7 @@ from progrouter.program.residency import Report, ResidencyRules
 from progrouter.program.types import BackendObservation, NoTargets, PoolFull, UsageObservation
 from progrouter.program.variants.acting_ttl import acting_ttl
 from progrouter.program.variants.migration import RecomputeCostGate
+from progrouter.program.variants.warmup import stats_warmup
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
 
@@ -100,6 +101,7 @@ class ProgramScheduler:
         self._outbox = outbox = Outbox()
         self._views = views = RankViews(config, table, stats, ledger)
         # the handlers, each given exactly what it reads and writes; variants chosen once
+        warmup = stats_warmup(config)
         self._keeper = keeper = ForceResumeKeeper(config, table, stats, queues, timers, fleet)
         self._lifecycle = lifecycle = Lifecycle(
             config,
@@ -114,7 +116,7 @@ class ProgramScheduler:
             lineage,
             fleet,
             keeper,
-            acting_ttl(config, stats, queues),
+            acting_ttl(config, stats, queues, warmup),
         )
         self._repair = (
             None
@@ -145,6 +147,7 @@ class ProgramScheduler:
             dispatcher,
             self._residency,
             gate,
+            warmup,
         )
         self._diagnostics = Diagnostics(
             config,

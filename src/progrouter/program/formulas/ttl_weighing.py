@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 from progrouter.program.core.factors import LogNormalFit
 from progrouter.program.formulas.ttl_fit import acting_ttl_candidates
-from progrouter.program.variants import warmup
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core.factors import RankStats
     from progrouter.program.core.queues import RankQueues
     from progrouter.program.core.state import Program
+    from progrouter.program.variants.warmup import Warmup
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -99,6 +99,7 @@ def hold_seconds(
     config: ProgramSchedulingConfig,
     stats: RankStats,
     queues: RankQueues,
+    warmup: Warmup,
     program: Program,
     target_id: str,
     elapsed_seconds: float,
@@ -115,7 +116,7 @@ def hold_seconds(
         len(stats),
         global_queue=config.global_queue,
     )
-    fit = warmup.continuity_fit(config, stats, target_id)
+    fit = warmup.continuity_fit(stats, target_id)
     hold = weighed_hold_seconds(
         fit,
         program.last_cache_miss_impact_seconds,

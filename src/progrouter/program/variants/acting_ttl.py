@@ -1,7 +1,7 @@
 """The acting TTL an idle Active Program keeps its placement for, by ``acting_ttl_policy``, chosen once.
 
 - ``spec``: the TTL fitted to the Rank's continuity window (upstream §3.10; 0 until the window is complete,
-  bar ``stats_warmup``: warmup.py), never extended;
+  bar ``stats_warmup``: variants/warmup.py), never extended;
 - ``fixed``: ``max_acting_ttl_seconds``, never extended;
 - ``weighed`` (beyond the spec, ttl_weighing.py): the hold the waiters' weight allows, checked again every
   ``weighed_ttl_check_seconds``.
@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import ActingTTLPolicy
 from progrouter.program.formulas import ttl_weighing
-from progrouter.program.variants import warmup
+from progrouter.program.variants.warmup import fitted_ttl
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core.factors import RankStats
     from progrouter.program.core.queues import RankQueues
     from progrouter.program.core.state import Program
+    from progrouter.program.variants.warmup import Warmup
 
 
 class TTLPolicy(Protocol):
@@ -39,14 +40,14 @@ class TTLPolicy(Protocol):
 
 
 class SpecTTL:
-    __slots__ = ("_config", "_stats", "source")
+    __slots__ = ("_max_ttl", "_stats", "_warmup", "source")
 
-    def __init__(self, config: ProgramSchedulingConfig, stats: RankStats) -> None:
-        self._config, self._stats = config, stats
+    def __init__(self, config: ProgramSchedulingConfig, stats: RankStats, warmup: Warmup) -> None:
+        self._max_ttl, self._stats, self._warmup = config.max_acting_ttl_seconds, stats, warmup
         self.source = "fitted"
 
     def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
-        return warmup.fitted_ttl(self._config, self._stats, target_id, impact_seconds)
+        return fitted_ttl(self._warmup, self._stats, target_id, impact_seconds, self._max_ttl)
 
     def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
         return 0.0
@@ -67,10 +68,12 @@ class FixedTTL:
 
 
 class WeighedTTL:
-    __slots__ = ("_config", "_queues", "_stats", "source")
+    __slots__ = ("_config", "_queues", "_stats", "_warmup", "source")
 
-    def __init__(self, config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues) -> None:
-        self._config, self._stats, self._queues = config, stats, queues
+    def __init__(
+        self, config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues, warmup: Warmup
+    ) -> None:
+        self._config, self._stats, self._queues, self._warmup = config, stats, queues, warmup
         self.source = "fitted"
 
     def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
@@ -78,15 +81,17 @@ class WeighedTTL:
 
     def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
         return ttl_weighing.hold_seconds(
-            self._config, self._stats, self._queues, program, target_id, elapsed_seconds
+            self._config, self._stats, self._queues, self._warmup, program, target_id, elapsed_seconds
         )
 
 
-def acting_ttl(config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues) -> TTLPolicy:
-    """The policy ``acting_ttl_policy`` names."""
+def acting_ttl(
+    config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues, warmup: Warmup
+) -> TTLPolicy:
+    """The policy ``acting_ttl_policy`` names, on the warm-up ``stats_warmup`` names."""
     policy = config.acting_ttl_policy
     if policy is ActingTTLPolicy.FIXED:
         return FixedTTL(config)
     if policy is ActingTTLPolicy.WEIGHED:
-        return WeighedTTL(config, stats, queues)
-    return SpecTTL(config, stats)
+        return WeighedTTL(config, stats, queues, warmup)
+    return SpecTTL(config, stats, warmup)

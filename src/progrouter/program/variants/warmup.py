@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import StatsWarmup
 from progrouter.program.core.factors import MIN_LOG_SIGMA, LogNormalFit
@@ -49,40 +49,70 @@ def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
     return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
 
 
-def continuity_fit(config: ProgramSchedulingConfig, stats: RankStats, target_id: str) -> LogNormalFit | None:
-    """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0: the Rank's own
-    once its window is complete; before that, under ``"pool"``, every Rank's samples together once they
-    number ``stats_window_size``."""
-    factors: RankFactors | None = stats.get(target_id)
-    if factors is not None and factors.continuity_window_complete():
-        return factors.log_normal_fit()
-    if config.stats_warmup is not StatsWarmup.POOL:
+class Warmup(Protocol):
+    """What a Rank's statistics may decide before its own windows are complete."""
+
+    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
+        """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0."""
+        ...
+
+    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
+        """Whether the cross-Rank pass may move Programs to or from ``target_id``."""
+        ...
+
+
+class SpecWarmup:
+    """The spec's: a Rank's own windows, once complete."""
+
+    __slots__ = ()
+
+    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
+        factors: RankFactors | None = stats.get(target_id)
+        if factors is not None and factors.continuity_window_complete():
+            return factors.log_normal_fit()
         return None
-    every = stats.values()
-    if sum(f.continuity_sample_count for f in every) < config.stats_window_size:
-        return None
-    return pooled_fit(f.log_normal_fit() for f in every)
+
+    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
+        factors = stats.get(target_id)
+        return factors is not None and factors.request_window_complete()
+
+
+class PooledWarmup:
+    """``"pool"``: a Rank whose own window is incomplete borrows every Rank's samples once they fill one."""
+
+    __slots__ = ("_own", "_window")
+
+    def __init__(self, window: int) -> None:
+        self._own, self._window = SpecWarmup(), window
+
+    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
+        own = self._own.continuity_fit(stats, target_id)
+        if own is not None:
+            return own
+        every = stats.values()
+        if sum(f.continuity_sample_count for f in every) < self._window:
+            return None
+        return pooled_fit(f.log_normal_fit() for f in every)
+
+    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
+        if stats.get(target_id) is None:
+            return False
+        if self._own.request_stats_mature(stats, target_id):
+            return True
+        return sum(f.request_sample_count for f in stats.values()) >= self._window
+
+
+def stats_warmup(config: ProgramSchedulingConfig) -> Warmup:
+    """The warm-up ``stats_warmup`` names."""
+    if config.stats_warmup is StatsWarmup.POOL:
+        return PooledWarmup(config.stats_window_size)
+    return SpecWarmup()
 
 
 def fitted_ttl(
-    config: ProgramSchedulingConfig, stats: RankStats, target_id: str, impact_seconds: float
+    warmup: Warmup, stats: RankStats, target_id: str, impact_seconds: float, max_ttl_seconds: float
 ) -> float:
-    """The spec's fitted acting TTL for a request that completed on ``target_id``, from ``continuity_fit``
-    (the spec's value exactly under ``stats_warmup: "spec"``)."""
-    fit = continuity_fit(config, stats, target_id)
-    return fitted_acting_ttl_from_fit(
-        fit, impact_seconds, config.max_acting_ttl_seconds, window_complete=fit is not None
-    )
-
-
-def request_stats_mature(config: ProgramSchedulingConfig, stats: RankStats, target_id: str) -> bool:
-    """Whether the cross-Rank pass may move Programs to or from ``target_id``: its request window is
-    complete, or, under ``"pool"``, every Rank's request samples together fill one window."""
-    factors = stats.get(target_id)
-    if factors is None:
-        return False
-    if factors.request_window_complete():
-        return True
-    if config.stats_warmup is not StatsWarmup.POOL:
-        return False
-    return sum(f.request_sample_count for f in stats.values()) >= config.stats_window_size
+    """The spec's fitted acting TTL for a request that completed on ``target_id``, from ``warmup``'s
+    continuity fit (the spec's value exactly under ``SpecWarmup``)."""
+    fit = warmup.continuity_fit(stats, target_id)
+    return fitted_acting_ttl_from_fit(fit, impact_seconds, max_ttl_seconds, window_complete=fit is not None)
