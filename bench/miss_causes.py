@@ -151,7 +151,7 @@ class Follower:
         router = self.sim.router
         if not isinstance(router, ProgramRouter):
             return "native"
-        program = router.scheduler._table.get(MODEL_POOL, program_id)
+        program = router.scheduler.parts.table.get(MODEL_POOL, program_id)
         if program is None:
             return "new"
         if program.state is ProgramState.ACTIVE:
@@ -181,15 +181,15 @@ class Follower:
         now = self.sim.clock.now
         rank = self.by_rank[rank_id]
         acting_charged = acting_actual = 0.0
-        for program in scheduler._table:
+        for program in scheduler.parts.table:
             if program.placement == rank_id and program.active and program.acting:
-                acting_charged += scheduler._ledger.charged(program)
+                acting_charged += scheduler.parts.ledger.charged(program)
                 last = self.last.get(program.ref.program_id)
                 acting_actual += last[1] if last else 0
         capacity = rank.core.config.num_blocks * rank.core.config.block_size
         return {
             "capacity": capacity,
-            "router_used": scheduler._ledger.usage(rank_id, now),
+            "router_used": scheduler.parts.ledger.usage(rank_id, now),
             "engine_in_use": rank.core.kv_cache_usage() * capacity,
             "acting_charged": acting_charged,
             "acting_actual_prompts": acting_actual,
@@ -235,7 +235,7 @@ class Follower:
         router = self.sim.router
         if not isinstance(router, ProgramRouter):
             return
-        factors = router.scheduler._stats.get(rank_id)
+        factors = router.scheduler.parts.stats.get(rank_id)
         if factors is None:
             return
         now = self.sim.clock.now

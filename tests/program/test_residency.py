@@ -67,7 +67,7 @@ def test_the_ttl_holds_unless_a_report_shows_the_kv_gone(
 
 def test_facts_from_before_the_last_completion_prove_nothing(harness: Any) -> None:
     h, _ = acting_and_waiting(harness, residency_aware=True, **SOURCES)
-    program = h.scheduler._table.get(POOL, "a")
+    program = h.scheduler.parts.table.get(POOL, "a")
     assert program is not None  # finished at 2.0: what a Rank held at 1.5 says nothing of its TTL
     assert not held_in_vain(program, ResidencyFacts({T0: 0}, 1.5, 1000), 0.0)
     assert held_in_vain(program, ResidencyFacts({T0: 0}, 2.0, 1000), 0.0)
@@ -85,7 +85,7 @@ def test_a_program_whose_prefix_its_rank_still_holds_waits_there_while_waiting_i
     h = global_harness(harness, "fcfs", residency_aware=True, **SOURCES)
     a = h.at(10.0).arrive("a")
     b = h.at(10.2).arrive("b")
-    program = h.scheduler._table.get(POOL, "a")
+    program = h.scheduler.parts.table.get(POOL, "a")
     assert program is not None
     program.last_cache_miss_impact_seconds = miss_seconds  # what recomputing its context elsewhere costs
     h.scheduler.observe_residency(

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import POOL, T0, T1, Harness
 from progrouter.program.core.diagnostics import SHOWN_STATES, redact
-from progrouter.program.core.state import ProgramRef, ProgramState, ProgramStatus
+from progrouter.program.core.state import Program, ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.types import BackendObservation
 
 pytestmark = pytest.mark.timeout(30)
@@ -179,33 +179,33 @@ def _look_twice(h: Harness) -> None:
     h.diagnostics()
     h.diagnostics()
     h.scheduler.view.counts()
-    h.scheduler.view.members("retained", 0, 5)
+    h.scheduler.view.rows("retained", 0, 5)
 
 
 def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
     """The counted aggregates (no scan of every Program) equal a scan of every Program; ``seen`` counts
     the cases met."""
-    programs = list(h.scheduler._table)
+    programs = list(h.scheduler.parts.table)
     for rank in h.diagnostics()["ranks"]:
         here = [p for p in programs if p.last_target == rank["target_id"]]
         statuses = Counter(p.status for p in here if p.state is ProgramState.PAUSED)
         assert rank["router_paused_reasoning_programs"] == statuses[ProgramStatus.REASONING]
         assert rank["router_paused_acting_programs"] == statuses[ProgramStatus.ACTING]
         seen.update(s.value for s in statuses.elements())
-    view = h.scheduler.view
+    view, pool = h.scheduler.view, h.scheduler.parts.pool
+
+    def shown(p: Program) -> str:
+        return "running" if p.state is ProgramState.ACTIVE else "pooled" if pool.waiting(p) else "retained"
+
     for state in SHOWN_STATES:
-        members = view.members(state, 0, len(programs))
-        assert sorted(p.serial for p in members) == sorted(
-            p.serial for p in programs if view.shown_state(p) == state
-        )
-        assert view.counts()[state] == len(members)
-        rows = view.rows(state, 0, len(programs))  # the same Programs, as frozen rows
-        assert [r.program for r in rows] == [p.redacted for p in members]
-        assert all(
-            r.state == state and r.pooled_requests == view.waiting(p)
-            for r, p in zip(rows, members, strict=True)
-        )
-    assert view.members(None, 0, len(programs)) == programs
+        rows = view.rows(state, 0, len(programs))
+        members = [p for p in programs if shown(p) == state]
+        assert sorted(r.program for r in rows) == sorted(p.redacted for p in members)
+        assert view.counts()[state] == len(rows)
+        waiting = {p.redacted: pool.waiting(p) for p in members}
+        assert all(r.state == state and r.pooled_requests == waiting[r.program] for r in rows)
+    everyone = view.rows(None, 0, len(programs))  # every Program, in creation order
+    assert [r.program for r in everyone] == [p.redacted for p in programs]
     seen.update(state for state in SHOWN_STATES if view.counts()[state])
 
 

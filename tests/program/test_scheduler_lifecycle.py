@@ -35,7 +35,7 @@ def sample(
 
 def mature_window(h: Harness, target: str, samples: list[RequestSample]) -> None:
     """Fill a Rank's request window with known samples (the window belongs to ``factors.RankFactors``)."""
-    factors = h.scheduler._stats.of(target)
+    factors = h.scheduler.parts.stats.of(target)
     for s in samples:
         factors.push_request(s)
 
@@ -127,7 +127,7 @@ def test_ttl_expiry_records_segment_rounds(harness: Any) -> None:
     h.tick(h.now + 1000.0)
     rolling = h.rank()["rolling"]
     assert rolling["ttl_pause_samples"] == 1
-    assert h.scheduler._stats.of(T0).ttl_pause_rounds() == [3]
+    assert h.scheduler.parts.stats.of(T0).ttl_pause_rounds() == [3]
     assert h.program("a")["rounds_since_ttl_pause"] == 0  # type: ignore[index]
 
 
@@ -420,10 +420,10 @@ def test_timers_do_not_pile_up_over_many_pauses(harness: Any) -> None:
         handle = h.at(h.now + 0.1).arrive("a", kv_retention_ttl_seconds=None if i % 2 else 0.05)
         h.at(h.now + 0.1).complete(handle)
     h.tick(h.now + 1.0)  # (the continuity window matured on the way: the last TTL was fitted, now expired)
-    program = h.scheduler._table.get(POOL, "a")
+    program = h.scheduler.parts.table.get(POOL, "a")
     assert program is not None and program.paused_at is not None
     paused_at = program.paused_at
-    assert len(h.scheduler._timers) <= 3, len(h.scheduler._timers)
+    assert len(h.scheduler.parts.timers) <= 3, len(h.scheduler.parts.timers)
     early = h.scheduler.next_deadline()  # the first pause's entry: it wakes early and re-arms
     assert early is not None and early <= paused_at + 1800.0
     h.tick(early)

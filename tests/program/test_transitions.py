@@ -27,7 +27,7 @@ def test_the_public_moves_refuse_an_active_reasoning_program(harness: Any) -> No
     h: Harness = harness()
     handle = h.arrive("a", 100)
     assert h.dispatched(handle)
-    table = h.scheduler._table
+    table = h.scheduler.parts.table
     program = table.get(POOL, "a")
     assert program is not None and program.phase == AR and program.placement == T0
     with pytest.raises(IllegalTransition, match="activate is not allowed from active"):
@@ -47,7 +47,7 @@ def test_every_pair_the_table_leaves_out_is_refused_and_changes_nothing(
 ) -> None:
     h: Harness = harness()
     h.arrive("a", 100)
-    table = h.scheduler._table
+    table = h.scheduler.parts.table
     program = table.get(POOL, "a")
     assert program is not None
     program.state, program.status = phase

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from progrouter.program.core.diagnostics import SHOWN_STATES
+from progrouter.program import SHOWN_STATES
 
 if TYPE_CHECKING:
-    from progrouter.program.core.diagnostics import SchedulerView
-    from progrouter.program.core.scheduler import ProgramScheduler
-    from progrouter.program.core.state import Program
+    from progrouter.program import ProgramRow, ProgramScheduler
 
 MAX_PAGE_SIZE = 200
 STATES = SHOWN_STATES
@@ -51,17 +49,15 @@ def _remaining(deadline: float | None, now: float) -> float | None:
     return None if deadline is None else max(0.0, deadline - now)
 
 
-def _row(view: SchedulerView, program: Program, now: float) -> dict[str, Any]:
+def _row(row: ProgramRow, now: float) -> dict[str, Any]:
     return {
-        "program": program.redacted,
-        "state": view.shown_state(program),
-        "rank": program.last_target,
-        "context_tokens": program.estimated_context_tokens,
-        "ttl_left_seconds": None
-        if program.acting_ttl is None
-        else _remaining(program.acting_ttl.deadline, now),
-        "pooled_requests": view.waiting(program),
-        "age_seconds": max(0.0, now - program.created_at),
+        "program": row.program,
+        "state": row.state,
+        "rank": row.last_target,
+        "context_tokens": row.estimated_context_tokens,
+        "ttl_left_seconds": _remaining(row.ttl_deadline, now),
+        "pooled_requests": row.pooled_requests,
+        "age_seconds": max(0.0, now - row.created_at),
     }
 
 
@@ -86,12 +82,12 @@ class Summary:
         total = self.programs if state is None else self._counts[state]
         pages = max(1, -(-total // size))
         index = max(0, min(index, pages - 1))
-        chosen = self._view.members(state, index * size, (index + 1) * size)
+        chosen = self._view.rows(state, index * size, (index + 1) * size)
         return {
             "index": index,
             "size": size,
             "pages": pages,
             "total": total,
             "state": state,
-            "rows": [_row(self._view, p, self.now) for p in chosen],
+            "rows": [_row(row, self.now) for row in chosen],
         }

@@ -413,11 +413,7 @@ class SchedulerView:
         paused_reasoning = diagnostics.paused_reasoning()
         return [diagnostics.rank_entry(t, now, paused_reasoning, None) for t in sorted(self._fleet.targets)]
 
-    def waiting(self, program: Program) -> int:
-        """Requests of ``program`` waiting in the pool."""
-        return self._pool.waiting(program)
-
-    def shown_state(self, program: Program) -> str:
+    def _shown_state(self, program: Program) -> str:
         if program.state is ProgramState.ACTIVE:
             return "running"
         return "pooled" if self._pool.waiting(program) else "retained"
@@ -427,7 +423,7 @@ class SchedulerView:
         running, pooled = len(self._running()), len(self._pooled())
         return {"running": running, "retained": len(self._table) - running - pooled, "pooled": pooled}
 
-    def members(self, state: str | None, start: int, stop: int) -> list[Program]:
+    def _members(self, state: str | None, start: int, stop: int) -> list[Program]:
         """Programs ``start``…``stop`` of all (in creation order) or of one shown state: O(stop) at most."""
         chosen: Iterable[Program]
         if state == "running":
@@ -435,24 +431,25 @@ class SchedulerView:
         elif state == "pooled":
             chosen = self._pooled()
         elif state == "retained":
-            chosen = (p for p in self._table if self.shown_state(p) == "retained")
+            chosen = (p for p in self._table if self._shown_state(p) == "retained")
         else:
             chosen = self._table
         return list(itertools.islice(chosen, start, stop))
 
     def rows(self, state: str | None, start: int, stop: int) -> list[ProgramRow]:
-        """``members`` as frozen rows: nothing a caller holds can change a Program."""
+        """Programs ``start``…``stop`` of all (in creation order) or of one shown state, as frozen rows
+        (nothing a caller holds can change a Program): O(stop) at most."""
         return [
             ProgramRow(
                 p.redacted,
-                self.shown_state(p),
+                self._shown_state(p),
                 p.last_target,
                 p.estimated_context_tokens,
                 None if p.acting_ttl is None else p.acting_ttl.deadline,
                 self._pool.waiting(p),
                 p.created_at,
             )
-            for p in self.members(state, start, stop)
+            for p in self._members(state, start, stop)
         ]
 
     def _running(self) -> list[Program]:

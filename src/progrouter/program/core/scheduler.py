@@ -15,7 +15,7 @@ in resume order). ``tick`` adds what only the periodic pass does: repair on ever
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from progrouter.config import CrossRankGate, ProgramSchedulingConfig
 from progrouter.program.core.admission import plan_binding_only
@@ -55,6 +55,18 @@ from progrouter.program.variants.migration import RecomputeCostGate
 from progrouter.program.variants.warmup import stats_warmup
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
+
+
+class SchedulerParts(NamedTuple):
+    """The live components a test or an offline analysis of a run reads (bench/miss_causes.py); shells read
+    the frozen ``view`` and ``diagnostics`` instead, and nobody changes a part but through the scheduler."""
+
+    table: ProgramTable
+    pool: RequestPool
+    ledger: CapacityLedger
+    stats: RankStats
+    timers: Timers
+
 
 STALE_MARGIN_SECONDS = 1e-6  # past the freshness limit by more than float rounding, at any clock magnitude
 
@@ -489,6 +501,10 @@ class ProgramScheduler:
     def view(self) -> SchedulerView:
         """Read-only access for the shell's summaries (the dashboard)."""
         return SchedulerView(self._diagnostics, self._table, self._pool, self._fleet)
+
+    @property
+    def parts(self) -> SchedulerParts:
+        return SchedulerParts(self._table, self._pool, self._ledger, self._stats, self._timers)
 
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
