@@ -29,9 +29,14 @@ from aiohttp import web
 
 from _loopback import free_port
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.scheduler import ProgramScheduler
-from progrouter.program.outcomes import Dispatched, ProgramRequest
-from progrouter.program.types import ProgramIdentity, RequestHints, UsageObservation
+from progrouter.program import (
+    Dispatched,
+    ProgramIdentity,
+    ProgramRequest,
+    ProgramScheduler,
+    RequestHints,
+    UsageObservation,
+)
 from progrouter.routing.target import Target
 from progrouter.server.dashboard_summary import Summary
 from progrouter.server.errors import json_response

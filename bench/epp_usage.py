@@ -40,7 +40,7 @@ from progrouter.epp.bootstrap import epp_bootstrap
 from progrouter.epp.envoy import start_envoy
 from progrouter.epp.metrics import PHASES
 from progrouter.epp.service import start_epp
-from progrouter.program.core.state import ProgramRef
+from progrouter.program import ProgramRef
 from progrouter.server.runner import start_router
 
 MODEL = "emu"

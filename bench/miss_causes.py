@@ -40,7 +40,7 @@ from fleet_sim import build_arms, build_trace, fleet_spec, parse_variants
 from progrouter.engine import PromptBlocks, RequestOutput
 from progrouter.engine.profiles import load_profile
 from progrouter.engine.request import Request
-from progrouter.program.core.state import ProgramState
+from progrouter.program import ProgramState
 from progrouter.routing.target import Target
 from progrouter.sim.ranks import SimRank
 from progrouter.sim.requests import SimRequest

@@ -35,9 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.scheduler import ProgramScheduler
-from progrouter.program.outcomes import Dispatched, ProgramDispatch, ProgramRequest
-from progrouter.program.types import BackendObservation, ProgramIdentity, RequestHints, UsageObservation
+from progrouter.program import (
+    BackendObservation,
+    Dispatched,
+    ProgramDispatch,
+    ProgramIdentity,
+    ProgramRequest,
+    ProgramScheduler,
+    RequestHints,
+    UsageObservation,
+)
 from progrouter.routing.target import Target
 
 POOL = "program:model:bench"

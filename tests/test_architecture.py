@@ -189,6 +189,63 @@ def test_no_shell_reaches_into_the_scheduler() -> None:
     assert readers == [], readers
 
 
+#: The shell-side adapters that still sit in program/ (identity from each API's body, usage per SSE dialect,
+#: the prompt-size estimate, the residency reports' prompts): shells import them by name until they move out.
+PROGRAM_ADAPTERS = ("identity", "usage", "token_estimator", "residency_prompts")
+BENCH = SRC.parents[1] / "bench"
+
+
+def _surface_breaches(path: Path) -> list[str]:
+    """The imports in ``path`` of program/ modules other than the public surface and the adapters."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+            if node.module == "progrouter.program":  # ``from progrouter.program import core``
+                modules += [f"progrouter.program.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in modules:
+            parts = name.split(".")
+            if parts[:2] != ["progrouter", "program"] or len(parts) == 2:
+                continue
+            inside = SRC / "program" / parts[2]
+            if (inside.is_dir() or inside.with_suffix(".py").exists()) and parts[2] not in PROGRAM_ADAPTERS:
+                found.append(f"{path.name}:{node.lineno} imports {name}")
+    return found
+
+
+def test_shells_import_only_the_program_surface() -> None:
+    """Outside program/, the scheduler is ``progrouter.program`` (its ``__init__``), never a submodule: the
+    components, formulas and variants can move inside without a shell noticing."""
+    shells = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "program"]
+    shells += sorted(BENCH.rglob("*.py"))
+    assert len(shells) > 50
+    breaches = [breach for path in shells for breach in _surface_breaches(path)]
+    assert breaches == [], breaches
+
+
+def test_the_surface_check_finds_a_submodule_import(tmp_path: Path) -> None:
+    """The check above can fail: a submodule, a sub-package and a type-only import are each found."""
+    shell = tmp_path / "shell.py"
+    shell.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from progrouter.program import ProgramScheduler, core\n"
+        "import progrouter.program.formulas.ttl_fit\n"
+        "from progrouter.program.identity import extract_identity\n"
+        "if TYPE_CHECKING:\n"
+        "    from progrouter.program.core.state import Program\n"
+    )
+    assert _surface_breaches(shell) == [
+        "shell.py:2 imports progrouter.program.core",
+        "shell.py:3 imports progrouter.program.formulas.ttl_fit",
+        "shell.py:6 imports progrouter.program.core.state",
+    ]
+
+
 def _program_module(path: Path) -> str:
     """``path``'s module inside program/, dotted (``core.lifecycle``; ``core`` for ``core/__init__.py``)."""
     return ".".join(path.relative_to(SRC / "program").with_suffix("").parts).removesuffix(".__init__")

@@ -24,7 +24,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from progrouter.observe.vllm_metrics import _engine, _lines, _prefixes
-from progrouter.program.types import UsageObservation
+from progrouter.program import UsageObservation
 from progrouter.routing.target import Target
 
 log = logging.getLogger("progrouter.epp")

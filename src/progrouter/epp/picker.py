@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from yarl import URL
 
-from progrouter.program.types import ScheduleError
+from progrouter.program import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.server.gate import ProgramTicket

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from progrouter.observe.vllm_metrics import kv_capacities
-from progrouter.program.observer import SchedulerObserver
+from progrouter.program import SchedulerObserver
 from progrouter.routing.target import Target
 
 EVENT = "token_capacity_unset"

@@ -20,7 +20,7 @@ import aiohttp
 
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.vllm_metrics import observations_for_targets, parse_vllm_metrics
-from progrouter.program.types import BackendObservation
+from progrouter.program import BackendObservation
 from progrouter.routing.target import Target
 
 log = logging.getLogger("progrouter.observe")

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from progrouter.program.types import BackendObservation
+from progrouter.program import BackendObservation
 from progrouter.routing.target import Target
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"

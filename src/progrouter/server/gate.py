@@ -19,7 +19,7 @@ from progrouter.routing.target import Target
 from progrouter.server.event_feed import EventFeed
 
 if TYPE_CHECKING:
-    from progrouter.program.types import ScheduleError, UsageObservation
+    from progrouter.program import ScheduleError, UsageObservation
     from progrouter.routing.kv_aware import KvAwarePolicy
     from progrouter.server.dashboard_summary import Summary
 

@@ -37,13 +37,21 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
-from progrouter.program.core.diagnostics import DEFAULT_PROGRAM_PAGE
-from progrouter.program.core.pool import RequestHandle
-from progrouter.program.core.scheduler import ProgramScheduler
+from progrouter.program import (
+    DEFAULT_PROGRAM_PAGE,
+    BackendObservation,
+    Dispatched,
+    Outcome,
+    ProgramDispatch,
+    ProgramRequest,
+    ProgramScheduler,
+    QueueTimeout,
+    RequestHandle,
+    ScheduleError,
+    UsageObservation,
+)
 from progrouter.program.identity import extract_identity
-from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest
 from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
-from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
 from progrouter.program.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex

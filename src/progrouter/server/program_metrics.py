@@ -20,8 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from progrouter.program.observer import LogLevel
-from progrouter.program.types import InvalidIdentity, NoTargets, PoolFull, QueueTimeout, ScheduleError
+from progrouter.program import InvalidIdentity, LogLevel, NoTargets, PoolFull, QueueTimeout, ScheduleError
 from progrouter.server.event_feed import EventFeed
 from progrouter.server.local_metrics import (
     CounterSeries,

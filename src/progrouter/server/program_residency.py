@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
 from progrouter.engine.kv_events import rank_endpoint
 from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber, in_worker_thread
-from progrouter.program.residency import Report
+from progrouter.program import ResidencyReport
 from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
@@ -89,7 +89,7 @@ class ProgramResidency:
 
     async def arrival(
         self, key: ProgramKey, body: Mapping[str, Any] | None, raw_body: bytes
-    ) -> Report | None:
+    ) -> ResidencyReport | None:
         """Remember the prompt's chain keys for the Program; its report now (None: its ids are unknown)."""
         if self.tokenizer is not None and len(raw_body) >= OFFLOAD_BYTES and needs_tokenizer(body):
             keys = await in_worker_thread(lambda: self._keys(body))
@@ -103,7 +103,7 @@ class ProgramResidency:
         ids = prompt_token_ids(body, self.tokenizer)
         return None if ids is None else chain_keys(ids, self.block_size)
 
-    def report(self, targets: Sequence[Target]) -> dict[ProgramKey, Report]:
+    def report(self, targets: Sequence[Target]) -> dict[ProgramKey, ResidencyReport]:
         """Every remembered Program's full-block tokens and resident tokens per known Rank (silent Ranks
         turn unknown first)."""
         self.index.expire(time.time())

@@ -32,7 +32,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from progrouter.program.types import ScheduleError
+from progrouter.program import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.server import tracing

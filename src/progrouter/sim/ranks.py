@@ -25,7 +25,7 @@ from progrouter.engine import (
 )
 from progrouter.engine.core import PlainRun
 from progrouter.engine.metrics import render_metrics
-from progrouter.program.types import BackendObservation
+from progrouter.program import BackendObservation
 from progrouter.routing.target import Target, expand_targets
 from progrouter.sim.clock import VirtualClock
 from progrouter.workload.report import Sample, parse_metrics

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from progrouter.program.core.pool import RequestHandle
-from progrouter.program.outcomes import ProgramDispatch
+from progrouter.program import ProgramDispatch, RequestHandle
 from progrouter.routing.target import Target
 from progrouter.workload.facts import Fact
 from progrouter.workload.trace import TraceProgram, TraceRequest, TraceTask

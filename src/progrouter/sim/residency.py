@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import PromptBlocks
 from progrouter.engine.request import chain_hashes
-from progrouter.program.observer import RecordingObserver
-from progrouter.program.residency import Report
+from progrouter.program import RecordingObserver, ResidencyReport
 from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.sim.ranks import SimRank
 from progrouter.sim.requests import SimRequest
@@ -69,9 +68,9 @@ class SimResidency:
             n += 1
         return n
 
-    def arrival(self, key: ProgramKey, request: SimRequest) -> Report:
+    def arrival(self, key: ProgramKey, request: SimRequest) -> ResidencyReport:
         hashes = block_hashes(self._prompt_of(request, self.block_size), self.block_size)
         return self._prompts.arrival(key, hashes, self.match, self._target_ids)
 
-    def report(self) -> dict[ProgramKey, Report]:
+    def report(self) -> dict[ProgramKey, ResidencyReport]:
         return self._prompts.report(self.match, self._target_ids)

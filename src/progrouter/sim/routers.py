@@ -19,11 +19,16 @@ from typing import Any, Protocol
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import RequestOutput
-from progrouter.program.core.scheduler import ProgramScheduler
+from progrouter.program import (
+    BackendObservation,
+    Dispatched,
+    PoolFull,
+    ProgramRequest,
+    ProgramScheduler,
+    RecordingObserver,
+    UsageObservation,
+)
 from progrouter.program.identity import extract_identity
-from progrouter.program.observer import RecordingObserver
-from progrouter.program.outcomes import Dispatched, ProgramRequest
-from progrouter.program.types import BackendObservation, PoolFull, UsageObservation
 from progrouter.routing.policies import RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.sim.clock import VirtualClock

@@ -19,7 +19,7 @@ from typing import Any
 
 from progrouter.config import Policy
 from progrouter.engine import PromptBlocks, RequestOutput, RequestRejected
-from progrouter.program.types import BackendObservation
+from progrouter.program import BackendObservation
 from progrouter.routing.policies import ConsistentHashPolicy, RoundRobinPolicy, RoutingPolicy
 from progrouter.routing.target import Target
 from progrouter.sim.agents import Agents, ProgramRun

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from progrouter.program.observer import RecordingObserver
+from progrouter.program import RecordingObserver
 from progrouter.workload.report import TRANSITIONS, Sample, percentiles
 
 if TYPE_CHECKING:
