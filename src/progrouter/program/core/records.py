@@ -4,14 +4,16 @@ A record is an immutable tuple: a module changes it by assigning a new one, so r
 one assignment and can never be partial. Who may assign which ``Program`` field is ``state.FIELD_OWNERS``;
 everyone else only reads (a test walks the package and fails on any other write).
 
-    record          owner         what it holds
-    QueueEntry      queues.py     the Program's place in its Rank queue and its frozen demand there
-    ForceResume     resume.py     when its wait began and the force-resume deadline frozen then
-    ActingTTL       lifecycle.py  the acting TTL armed at its last idle boundary
-    Pause           lifecycle.py  when and why it last gave its placement up
-    Segment         lifecycle.py  the continuous segment it is serving: start and round counters
-    SharedPrefix    lifecycle.py  the shared prefix observed at its last placement start, and its freshness
-    Completions     lifecycle.py  what its completed requests left behind
+    record          owner            what it holds
+    QueueEntry      queues.py        the Program's place in its Rank queue and its frozen demand there (in the
+                                     queues' own table, not on the Program)
+    ForceResume     force_resume.py  when its wait began and the force-resume deadline frozen then (in the
+                                     ForceResumeKeeper's own table, not on the Program)
+    ActingTTL       lifecycle.py     the acting TTL armed at its last idle boundary
+    Pause           lifecycle.py     when and why it last gave its placement up
+    Segment         lifecycle.py     the continuous segment it is serving: start and round counters
+    SharedPrefix    lifecycle.py     the shared prefix observed at its last placement start, and its freshness
+    Completions     lifecycle.py     what its completed requests left behind
 """
 
 from __future__ import annotations
