@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.program.core.factors import ContinuitySample, LogNormalFit, RankStats, RequestSample
-from progrouter.program.formulas.ttl_fit import fit_log_normal, fitted_acting_ttl_for_rank
+from progrouter.program.formulas.ttl_fit import fit_log_normal, fitted_acting_ttl_for_rank, pooled_fit
 from progrouter.program.variants import warmup
-from progrouter.program.variants.warmup import pooled_fit, stats_warmup
+from progrouter.program.variants.warmup import stats_warmup
 
 WINDOW = 10
 

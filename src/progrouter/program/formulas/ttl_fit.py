@@ -61,6 +61,24 @@ def acting_ttl_candidates(max_ttl: float) -> tuple[float, ...]:
     return tuple(candidates)
 
 
+def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
+    """One log-normal fit of the samples behind ``fits``: the samples' mean and population variance of
+    ln(interval) recovered from each fit's (μ, σ, n). None when no fit has samples."""
+    n = 0
+    log_sum = log_sq_sum = 0.0
+    for fit in fits:
+        if fit is None or fit.samples <= 0:
+            continue
+        n += fit.samples
+        log_sum += fit.mu * fit.samples
+        log_sq_sum += (fit.sigma * fit.sigma + fit.mu * fit.mu) * fit.samples
+    if n == 0:
+        return None
+    mu = log_sum / n
+    variance = max(0.0, log_sq_sum / n - mu * mu)
+    return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
+
+
 @functools.lru_cache(maxsize=1024)
 def fitted_acting_ttl_from_fit(
     fit: LogNormalFit | None,

@@ -18,35 +18,15 @@ target rounds and force-resume deadlines keep the spec's per-Rank warm-up.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import StatsWarmup
-from progrouter.program.core.factors import MIN_LOG_SIGMA, LogNormalFit
-from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_from_fit
+from progrouter.program.core.factors import LogNormalFit
+from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_from_fit, pooled_fit
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core.factors import RankFactors, RankStats
-
-
-def pooled_fit(fits: Iterable[LogNormalFit | None]) -> LogNormalFit | None:
-    """One log-normal fit of the samples behind ``fits``: the samples' mean and population variance of
-    ln(interval) recovered from each fit's (μ, σ, n). None when no fit has samples."""
-    n = 0
-    log_sum = log_sq_sum = 0.0
-    for fit in fits:
-        if fit is None or fit.samples <= 0:
-            continue
-        n += fit.samples
-        log_sum += fit.mu * fit.samples
-        log_sq_sum += (fit.sigma * fit.sigma + fit.mu * fit.mu) * fit.samples
-    if n == 0:
-        return None
-    mu = log_sum / n
-    variance = max(0.0, log_sq_sum / n - mu * mu)
-    return LogNormalFit(mu=mu, sigma=max(math.sqrt(variance), MIN_LOG_SIGMA), samples=n)
 
 
 class Warmup(Protocol):
