@@ -386,7 +386,7 @@ LAYERS = (
     ("HTTP server", ("aiohttp", "yarl", "multidict", "aiosignal", "frozenlist", "server/connection",
                      "server/edge", "server/front", "server/exchange")),
     ("worker hop", ("server/worker_client",)),
-    ("Program identity, usage, estimate", ("program/identity", "program/usage", "program/token_estimator")),
+    ("Program identity, usage, estimate", ("agents/identity", "agents/usage", "agents/token_estimator")),
     ("scheduler core", ("program/",)),
     ("metrics", ("prometheus_client", "server/metrics", "server/local_metrics", "server/program_metrics",
                  "server/event_feed")),

@@ -19,15 +19,17 @@ ALLOWED = {
     "config": set(),
     "routing": {"config"},
     "program": {"config", "routing"},
+    # shell-side but sans-I/O: identity, estimate, usage, residency prompts around the scheduler
+    "agents": {"config", "routing", "program"},
     "engine": {"config"},
     "observe": {"config", "routing", "program"},
     # talks HTTP and knows no router internals; from the engine it takes data (profiles, which bench hands
     # to the emulators it launches) and the block-hash chain its prompts are keyed by
     "workload": {"config", "engine"},
-    "sim": {"config", "routing", "program", "engine", "workload"},
+    "sim": {"config", "routing", "program", "agents", "engine", "workload"},
     # the Envoy ext_proc shell: the cores, the server's pure pieces (never its proxy: see below), the vLLM
     # /metrics parsing (its counter usage), and config_cli (the flags generated from the settings models)
-    "epp": {"config", "config_cli", "routing", "program", "server", "observe"},
+    "epp": {"config", "config_cli", "routing", "program", "agents", "server", "observe"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
 # console (its CLI, sim/cli.py, is a shell and may).
@@ -51,6 +53,7 @@ SERVER_CORES = ("retry.py", "circuit_breaker.py")
 
 def _core_files() -> list[Path]:
     files = sorted((SRC / "program").glob("*.py")) + sorted((SRC / "routing").glob("*.py"))
+    files += sorted((SRC / "agents").glob("*.py"))
     files += [SRC / "server" / name for name in SERVER_CORES]
     files += [p for p in sorted((SRC / "engine").glob("*.py")) if p.name not in ENGINE_SHELL]
     return files

@@ -26,11 +26,13 @@ PACKAGE = Path(__file__).resolve().parent
 DIGESTS = "_compiled.json"  # beside this file: {module path: sha256 of the source it was built from}
 
 _PROGRAM = (
-    "acting_ttl admission agenda binding demand diagnostics dispatch factors fleet force_resume identity"
+    "acting_ttl admission agenda binding demand diagnostics dispatch factors fleet force_resume"
     " ledger lifecycle lineage migration outcomes policy pool queues rank_facts records residency"
-    " residency_prompts resume resume_order scheduler state table telemetry timers token_estimator"
-    " ttl_weighing usage warmup"
+    " resume resume_order scheduler state table telemetry timers"
+    " ttl_weighing warmup"
 )
+#: the shell-side pieces every Program request passes through (identity, estimate, usage, residency prompts)
+_AGENTS = "identity residency_prompts token_estimator usage"
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on
 #: both sides; the rest of the server is left out — aiohttp's C objects are not the types its stubs declare
@@ -39,6 +41,7 @@ _SHELL = "server/program_gate routing/hash_key routing/hash_ring"
 #: the compiled modules' sources, relative to the package directory
 SOURCES: tuple[str, ...] = tuple(
     [f"program/{name}.py" for name in _PROGRAM.split()]
+    + [f"agents/{name}.py" for name in _AGENTS.split()]
     + [f"engine/{name}.py" for name in _ENGINE.split()]
     + [f"{path}.py" for path in _SHELL.split()]
 )

@@ -34,17 +34,17 @@ import aiohttp
 from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 
+from progrouter.agents.identity import extract_identity
+from progrouter.agents.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
+from progrouter.agents.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
 from progrouter.program.diagnostics import DEFAULT_PROGRAM_PAGE
-from progrouter.program.identity import extract_identity
 from progrouter.program.outcomes import Dispatched, Outcome, ProgramDispatch, ProgramRequest
 from progrouter.program.pool import RequestHandle
 from progrouter.program.scheduler import ProgramScheduler
-from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.program.types import BackendObservation, QueueTimeout, ScheduleError, UsageObservation
-from progrouter.program.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from progrouter.agents.identity import extract_identity
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import RequestOutput
-from progrouter.program.identity import extract_identity
 from progrouter.program.observer import RecordingObserver
 from progrouter.program.outcomes import Dispatched, ProgramRequest
 from progrouter.program.scheduler import ProgramScheduler
