@@ -31,8 +31,8 @@ _PROGRAM = (
     " resume resume_order scheduler state table telemetry timers"
     " ttl_weighing warmup"
 )
-#: the shell-side pieces every Program request passes through (identity, estimate, usage, residency prompts)
-_AGENTS = "identity residency_prompts token_estimator usage"
+#: the shell-side pieces every Program request passes through (driver, identity, estimate, usage, residency)
+_AGENTS = "driver identity residency_prompts token_estimator usage"
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on
 #: both sides; the rest of the server is left out — aiohttp's C objects are not the types its stubs declare
