@@ -36,7 +36,7 @@ _AGENTS = "driver identity residency_prompts token_estimator usage"
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on
 #: both sides; the rest of the server is left out — aiohttp's C objects are not the types its stubs declare
-_SHELL = "server/program_gate routing/hash_key routing/hash_ring"
+_SHELL = "server/gate/program_gate routing/hash_key routing/hash_ring"
 
 #: the compiled modules' sources, relative to the package directory
 SOURCES: tuple[str, ...] = tuple(

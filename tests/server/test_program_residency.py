@@ -16,7 +16,7 @@ from progrouter.routing.kv_aware import OFFLOAD_BYTES
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
 from progrouter.routing.tokenize import PromptTokenizer
-from progrouter.server.program_residency import ProgramResidency
+from progrouter.server.gate.program_residency import ProgramResidency
 from support.tiny_tokenizer import write_tiny_tokenizer
 
 BS = 4

@@ -51,10 +51,10 @@ from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
-from progrouter.server.dashboard_summary import Summary
-from progrouter.server.event_feed import EventFeed
-from progrouter.server.program_metrics import PrometheusObserver
-from progrouter.server.program_residency import ProgramResidency
+from progrouter.server.dashboard.summary import Summary
+from progrouter.server.gate.program_metrics import PrometheusObserver
+from progrouter.server.gate.program_residency import ProgramResidency
+from progrouter.server.telemetry.event_feed import EventFeed
 
 log = logging.getLogger("progrouter.program.gate")
 
