@@ -34,7 +34,7 @@ from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
 from progrouter.routing.tokenize import PromptTokenizer, needs_tokenizer, prompt_token_ids
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("progrouter.server.program_residency")  # the logger name its lines carry, kept
 
 
 class ProgramResidency:
