@@ -174,7 +174,7 @@ class ProgramGate:
         self._pools: set[str] = set()
         self._wake: asyncio.Future[None] | None = None  # the driver's sleep; resolved to wake it early
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._driver: asyncio.Task[None] | None = None
+        self._driving: asyncio.Task[None] | None = None
         self._observation: asyncio.Task[None] | None = None
         self._wake_at = float("inf")  # when the sleeping driver wakes by itself
         self.residency = ProgramResidency.from_config(config, registry, kv_aware)
@@ -186,17 +186,17 @@ class ProgramGate:
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._driver = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
+        self._driving = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
 
     async def stop(self) -> None:
         if self.residency is not None:
             await self.residency.stop()
-        for task in (self._observation, self._driver):
+        for task in (self._observation, self._driving):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._observation = self._driver = None
+        self._observation = self._driving = None
         for future in self.driver.waiters.values():
             future.cancel()
         self.driver.waiters.clear()
@@ -380,7 +380,7 @@ class ProgramGate:
             driver.wake(now)
 
     def _ensure_observation(self) -> None:
-        if self._observation is None and self._driver is not None:
+        if self._observation is None and self._driving is not None:
 
             def begin() -> object:
                 return self.driver.begin_observation(time.monotonic())
