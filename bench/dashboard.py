@@ -26,7 +26,7 @@ import aiohttp
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
 from progrouter.engine import EngineConfig
 from progrouter.engine.server import start_engine
-from progrouter.server.dashboard import ASSETS
+from progrouter.server.dashboard.routes import ASSETS
 from progrouter.server.runner import start_router
 from progrouter.server.state import STATE_KEY
 

@@ -38,8 +38,8 @@ from progrouter.program import (
     UsageObservation,
 )
 from progrouter.routing.target import Target
-from progrouter.server.dashboard_summary import Summary
-from progrouter.server.errors import json_response
+from progrouter.server.dashboard.summary import Summary
+from progrouter.server.edge.errors import json_response
 
 POOL = "program:model:m"
 

@@ -383,13 +383,13 @@ def component(filename: str) -> str:
 
 # Components by the layer they belong to, for the one-line summary (a prefix of the component's name).
 LAYERS = (
-    ("HTTP server", ("aiohttp", "yarl", "multidict", "aiosignal", "frozenlist", "server/connection",
-                     "server/edge", "server/front", "server/exchange")),
-    ("worker hop", ("server/worker_client",)),
-    ("Program identity, usage, estimate", ("program/identity", "program/usage", "program/token_estimator")),
+    ("HTTP server", ("aiohttp", "yarl", "multidict", "aiosignal", "frozenlist", "server/edge/connection",
+                     "server/edge/middleware", "server/front", "server/edge/exchange")),
+    ("worker hop", ("server/hop/worker_client",)),
+    ("Program identity, usage, estimate", ("agents/identity", "agents/usage", "agents/token_estimator")),
     ("scheduler core", ("program/",)),
-    ("metrics", ("prometheus_client", "server/metrics", "server/local_metrics", "server/program_metrics",
-                 "server/event_feed")),
+    ("metrics", ("prometheus_client", "server/telemetry/metrics", "server/telemetry/local_metrics",
+                 "server/gate/program_metrics", "server/telemetry/event_feed")),
     ("event loop, stdlib", ("asyncio", "stdlib")),
 )  # fmt: skip
 OTHER_LAYER = "the rest of progrouter"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import progrouter.program
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "progrouter"
 IO_MODULES = {"asyncio", "aiohttp", "time", "socket", "uvloop", "threading", "zmq"}
 # The engine package also carries its own HTTP shell; these files are that shell, not the core.
@@ -19,15 +21,17 @@ ALLOWED = {
     "config": set(),
     "routing": {"config"},
     "program": {"config", "routing"},
+    # shell-side but sans-I/O: identity, estimate, usage, residency prompts around the scheduler
+    "agents": {"config", "routing", "program"},
     "engine": {"config"},
     "observe": {"config", "routing", "program"},
     # talks HTTP and knows no router internals; from the engine it takes data (profiles, which bench hands
     # to the emulators it launches) and the block-hash chain its prompts are keyed by
     "workload": {"config", "engine"},
-    "sim": {"config", "routing", "program", "engine", "workload"},
+    "sim": {"config", "routing", "program", "agents", "engine", "workload"},
     # the Envoy ext_proc shell: the cores, the server's pure pieces (never its proxy: see below), the vLLM
     # /metrics parsing (its counter usage), and config_cli (the flags generated from the settings models)
-    "epp": {"config", "config_cli", "routing", "program", "server", "observe"},
+    "epp": {"config", "config_cli", "routing", "program", "agents", "server", "observe"},
 }
 # The simulator drives the cores in virtual time: it never loads the HTTP stack, an event loop or the
 # console (its CLI, sim/cli.py, is a shell and may).
@@ -45,13 +49,16 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-# Sans-I/O pieces of the router shell: decisions on explicit times, no sockets, no clocks of their own.
-SERVER_CORES = ("retry.py", "circuit_breaker.py")
+SERVER = SRC / "server"
+# The worker hop's decisions (retries, the circuit breaker) take explicit times: sans-I/O like the cores. Only
+# its client and the health loop talk to workers.
+HOP_TALKS = {"worker_client.py", "health.py", "__init__.py"}
 
 
 def _core_files() -> list[Path]:
     files = sorted((SRC / "program").rglob("*.py")) + sorted((SRC / "routing").glob("*.py"))
-    files += [SRC / "server" / name for name in SERVER_CORES]
+    files += sorted((SRC / "agents").glob("*.py"))
+    files += [p for p in sorted((SERVER / "hop").glob("*.py")) if p.name not in HOP_TALKS]
     files += [p for p in sorted((SRC / "engine").glob("*.py")) if p.name not in ENGINE_SHELL]
     return files
 
@@ -76,75 +83,119 @@ def test_arrows_point_one_way(package: str) -> None:
             assert parts[1] in ALLOWED[package] | {package}, f"{path.relative_to(SRC)} imports {name}"
 
 
-# The client edge: what every request crosses before a handler runs. It knows the config and itself only, so
-# no routing, Program or proxy code can weaken a refusal (and the edge can be read on its own).
-# exchange.py is the shape of a request the edge reads, whichever server carries it (no router code).
-EDGE = {"auth.py", "connection.py", "cors.py", "errors.py", "exchange.py", "headers.py", "log_hygiene.py"}
+def _progrouter_imports(path: Path) -> set[str]:
+    return {name for name in _imports(path) if name.split(".")[0] == "progrouter"}
 
 
-@pytest.mark.parametrize("name", sorted(EDGE))
-def test_the_edge_stands_alone(name: str) -> None:
-    for imported in _imports(SRC / "server" / name):
-        parts = imported.split(".")
-        if parts[0] != "progrouter":
-            continue
-        assert imported == "progrouter.config" or (parts[1] == "server" and f"{parts[2]}.py" in EDGE), (
-            f"server/{name} imports {imported}"
-        )
+def _within(name: str, packages: set[str]) -> bool:
+    """``name`` is one of ``packages`` (dotted, below ``progrouter``) or a module inside one."""
+    return any(name == f"progrouter.{p}" or name.startswith(f"progrouter.{p}.") for p in packages)
 
 
-# The router's one edge middleware (edge.py) orders those rules plus the two that read the router's state (the
-# drain) or stamp the request (its id); nothing from routing, Program scheduling or the proxy.
-EDGE_MIDDLEWARE_IMPORTS = {f"progrouter.server.{name[:-3]}" for name in EDGE} | {
-    "progrouter.config",
-    "progrouter.server.drain",
-    "progrouter.server.request_id",
-    "progrouter.server.state",
+# Each package of server/ by its job, and what it may import besides the standard library and third parties.
+SERVER_PACKAGES = {
+    # the client edge: what every request crosses before a handler runs; it knows the config and itself
+    # only, so no routing, Program or proxy code can weaken a refusal (and the edge can be read on its own)
+    "edge": {"config", "server.edge"},
+    # the worker hop: speaks HTTP/1.1 to workers and decides retries, the breaker and health; no router
+    # internals
+    "hop": {"config", "server.hop"},
+    # metrics, logs (every line carries the request id), traces and the event feed
+    "telemetry": {"config", "server.telemetry", "server.edge.request_id"},
+    # the Program shell: the scheduler's surface and its agents, the observation and residency feeds
+    "gate": {
+        "config",
+        "agents",
+        "engine",
+        "observe",
+        "program",
+        "routing",
+        "server.gate",
+        "server.telemetry",
+        "server.dashboard.summary",
+    },
+    # the dashboard: the scheduler's read-only view, served as admin routes from the router's state
+    "dashboard": {"config", "program", "server.dashboard", "server.edge", "server.state"},
 }
 
 
-def test_the_edge_middleware_composes_edge_rules_only() -> None:
-    imported = {name for name in _imports(SRC / "server" / "edge.py") if name.startswith("progrouter")}
-    assert imported <= EDGE_MIDDLEWARE_IMPORTS, sorted(imported - EDGE_MIDDLEWARE_IMPORTS)
+def _server_package_files() -> list[Path]:
+    return [p for package in sorted(SERVER_PACKAGES) for p in sorted((SERVER / package).glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", _server_package_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_each_server_package_imports_only_what_its_job_needs(path: Path) -> None:
+    allowed = set(SERVER_PACKAGES[path.parent.name])
+    if path.parent.name == "edge" and path.name in EDGE_STATEFUL:
+        allowed.add("server.state")
+    for imported in _progrouter_imports(path):
+        assert _within(imported, allowed), f"server/{path.parent.name}/{path.name} imports {imported}"
+
+
+def test_the_server_package_rules_cover_every_package() -> None:
+    """A new sub-package of server/ gets a rule: every directory with modules is listed above."""
+    packages = {p.parent.name for p in SERVER.glob("*/*.py")}
+    assert packages == set(SERVER_PACKAGES), packages ^ set(SERVER_PACKAGES)
+
+
+# Of the edge, two modules also read the router's state: the middleware (it counts requests in progress and
+# orders the rules) and the drain (it refuses new work while draining). The rules themselves import neither
+# them nor the state, so each refusal can be read on its own.
+EDGE_STATEFUL = {"middleware.py", "drain.py"}
+EDGE_RULES = [p for p in sorted((SERVER / "edge").glob("*.py")) if p.name not in EDGE_STATEFUL]
+
+
+@pytest.mark.parametrize("path", EDGE_RULES, ids=lambda p: p.name)
+def test_the_edge_rules_stand_alone(path: Path) -> None:
+    stateful = {f"progrouter.server.edge.{name[:-3]}" for name in EDGE_STATEFUL}
+    reaching = stateful | {"progrouter.server.state"}
+    assert not _progrouter_imports(path) & reaching, f"server/edge/{path.name}"
+
+
+def test_the_edge_rule_can_fail() -> None:
+    """The checks above can fail: the middleware does reach the router's state, which is outside the edge."""
+    middleware = _progrouter_imports(SERVER / "edge" / "middleware.py")
+    assert "progrouter.server.state" in middleware
+    assert not _within("progrouter.server.state", SERVER_PACKAGES["edge"])
 
 
 # The front door (front.py) serves the hot routes below aiohttp's web layer, through the same edge and the
 # same proxy as aiohttp's server: it calls ``Edge.admit`` and ``proxy_request`` and re-implements no rule.
 # The proxy reads requests as an ``Exchange`` only; aiohttp's request type stays in its adapter, handle_post.
-FRONT_MAY_IMPORT = {
-    "progrouter.config",
-    "progrouter.server.connection",  # the connection guard, the body deadline, aiohttp's protocol
-    "progrouter.server.edge",
-    "progrouter.server.errors",
-    "progrouter.server.exchange",
-    "progrouter.server.proxy",
-    "progrouter.server.request_id",  # the context variable only
-}
+FRONT_MAY_IMPORT = {"config", "server.edge", "server.proxy"}
 
 
 def test_the_front_door_reuses_the_edge_and_the_proxy() -> None:
-    front = SRC / "server" / "front.py"
-    imported = {name for name in _imports(front) if name.startswith("progrouter")}
-    assert imported <= FRONT_MAY_IMPORT, sorted(imported - FRONT_MAY_IMPORT)
+    front = SERVER / "front.py"
+    imported = _progrouter_imports(front)
+    assert all(_within(name, FRONT_MAY_IMPORT) for name in imported), sorted(imported)
     text = front.read_text()
     for used in ("edge.admit(", "proxy_request(", ".decorate(", "body_timed_out("):
         assert used in text, used
-    proxy = (SRC / "server" / "proxy.py").read_text()
+    proxy = (SERVER / "proxy.py").read_text()
     assert proxy.count("web.Request") == 1  # handle_post's signature
 
 
-# The worker hop: one module that speaks HTTP/1.1 to workers and knows no router internals; every proxied
+# The worker client: one module that speaks HTTP/1.1 to workers and knows no router internals; every proxied
 # request goes through it, never through aiohttp's client (which stays for health checks, the poller and the
 # admin fan-outs).
-def test_the_worker_hop_stands_alone_and_carries_every_proxied_request() -> None:
-    imported = {
-        name for name in _imports(SRC / "server" / "worker_client.py") if name.startswith("progrouter")
-    }
+def test_the_worker_client_stands_alone_and_carries_every_proxied_request() -> None:
+    imported = _progrouter_imports(SERVER / "hop" / "worker_client.py")
     assert not imported, sorted(imported)
-    proxy = (SRC / "server" / "proxy.py").read_text()
-    assert "progrouter.server.worker_client" in _imports(SRC / "server" / "proxy.py")
+    proxy = (SERVER / "proxy.py").read_text()
+    assert "progrouter.server.hop.worker_client" in _imports(SERVER / "proxy.py")
     for forbidden in ("ClientSession", "ClientResponse", "state.session", ".session"):
         assert forbidden not in proxy, forbidden
+
+
+def test_outside_the_gate_the_program_shell_is_reached_through_its_contract() -> None:
+    """The proxy, the router's state and the EPP depend on the gate's contract (``gate/contract.py``), not on
+    the scheduler's shell: only the gate package imports its other modules."""
+    shell = {"progrouter.server.gate.program_gate", "progrouter.server.gate.program_metrics"}
+    shell.add("progrouter.server.gate.program_residency")
+    outside = [p for p in sorted(SRC.rglob("*.py")) if p.parent != SERVER / "gate"]
+    readers = [str(p.relative_to(SRC)) for p in outside if _progrouter_imports(p) & shell]
+    assert readers == [], readers
 
 
 def _loaded_after_importing(modules: list[str], watched: tuple[str, ...]) -> str:
@@ -177,7 +228,7 @@ def test_the_simulator_probe_sees_a_shell() -> None:
 
 def test_top_is_a_client_of_the_stream_only() -> None:
     """`progrouter top` reads the dashboard stream over HTTP; it imports no router or scheduler code."""
-    imported = {name for name in _imports(SRC / "server" / "top.py") if name.startswith("progrouter")}
+    imported = _progrouter_imports(SRC / "top.py")
     assert not imported, imported
 
 
@@ -189,14 +240,11 @@ def test_no_shell_reaches_into_the_scheduler() -> None:
     assert readers == [], readers
 
 
-#: The shell-side adapters that still sit in program/ (identity from each API's body, usage per SSE dialect,
-#: the prompt-size estimate, the residency reports' prompts): shells import them by name until they move out.
-PROGRAM_ADAPTERS = ("identity", "usage", "token_estimator", "residency_prompts")
 BENCH = SRC.parents[1] / "bench"
 
 
 def _surface_breaches(path: Path) -> list[str]:
-    """The imports in ``path`` of program/ modules other than the public surface and the adapters."""
+    """The imports in ``path`` of anything below ``progrouter.program`` (the surface is the package)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: list[str] = []
     for node in ast.walk(tree):
@@ -205,16 +253,15 @@ def _surface_breaches(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             modules = [node.module]
             if node.module == "progrouter.program":  # ``from progrouter.program import core``
-                modules += [f"progrouter.program.{alias.name}" for alias in node.names]
+                surface = set(progrouter.program.__all__)
+                modules += [f"progrouter.program.{a.name}" for a in node.names if a.name not in surface]
         else:
             continue
         for name in modules:
             parts = name.split(".")
             if parts[:2] != ["progrouter", "program"] or len(parts) == 2:
                 continue
-            inside = SRC / "program" / parts[2]
-            if (inside.is_dir() or inside.with_suffix(".py").exists()) and parts[2] not in PROGRAM_ADAPTERS:
-                found.append(f"{path.name}:{node.lineno} imports {name}")
+            found.append(f"{path.name}:{node.lineno} imports {name}")
     return found
 
 
@@ -242,6 +289,7 @@ def test_the_surface_check_finds_a_submodule_import(tmp_path: Path) -> None:
     assert _surface_breaches(shell) == [
         "shell.py:2 imports progrouter.program.core",
         "shell.py:3 imports progrouter.program.formulas.ttl_fit",
+        "shell.py:4 imports progrouter.program.identity",
         "shell.py:6 imports progrouter.program.core.state",
     ]
 

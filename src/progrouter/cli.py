@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("progrouter.sim.cli", "discrete-event simulation of a trace under each routing arm"),
     "demo": ("progrouter.workload.demo_cli", "the built-in benchmark: native vs program vs oracle"),
     "calibrate": ("progrouter.calibrate.cli", "fit prefill/decode cost models on a live backend"),
-    "top": ("progrouter.server.top", "the live dashboard in a terminal"),
+    "top": ("progrouter.top", "the live dashboard in a terminal"),
 }
 
 

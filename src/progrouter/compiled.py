@@ -32,16 +32,19 @@ _PROGRAM = (
     " core/telemetry core/timers formulas/accounting formulas/batch_gain formulas/force_resume"
     " formulas/freshness formulas/growth formulas/repair formulas/ttl_fit formulas/ttl_weighing"
     " variants/acting_ttl variants/migration variants/warmup"
-    " identity outcomes residency residency_prompts token_estimator usage"
+    " outcomes residency"
 )
+#: the shell-side pieces every Program request passes through (driver, identity, estimate, usage, residency)
+_AGENTS = "driver identity residency_prompts token_estimator usage"
 _ENGINE = "block_pool kv_cache_manager scheduler request core cost"
 #: the Program gate (every Program request's acquire and finish) and the hash ring's key: our own types on
 #: both sides; the rest of the server is left out — aiohttp's C objects are not the types its stubs declare
-_SHELL = "server/program_gate routing/hash_key routing/hash_ring"
+_SHELL = "server/gate/program_gate routing/hash_key routing/hash_ring"
 
 #: the compiled modules' sources, relative to the package directory
 SOURCES: tuple[str, ...] = tuple(
     [f"program/{name}.py" for name in _PROGRAM.split()]
+    + [f"agents/{name}.py" for name in _AGENTS.split()]
     + [f"engine/{name}.py" for name in _ENGINE.split()]
     + [f"{path}.py" for path in _SHELL.split()]
 )

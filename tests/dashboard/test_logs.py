@@ -12,7 +12,7 @@ import pytest
 
 from dashboard.conftest import ProgramTurn
 from progrouter.config import RouterConfig
-from progrouter.server.telemetry import setup_telemetry
+from progrouter.server.telemetry.setup import setup_telemetry
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from integration.helpers import CAPACITY, program_body, wait_until, words
-from progrouter.server.drain import drain
+from progrouter.server.edge.drain import drain
 from progrouter.server.runner import RunningRouter
 from progrouter.server.state import STATE_KEY
 from support.factories import EngineFactory, RouterFactory

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from integration.helpers import CAPACITY, program_body, words
-from progrouter.server.top import add_arguments, watch
+from progrouter.top import add_arguments, watch
 from support.factories import EngineFactory, RouterFactory
 
 pytestmark = pytest.mark.timeout(60)

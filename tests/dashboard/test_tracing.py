@@ -14,7 +14,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dashboard.conftest import ProgramTurn
-from progrouter.server import tracing
+from progrouter.server.telemetry import tracing
 from support.factories import RouterFactory
 from support.loopback import serve_app
 

@@ -10,7 +10,7 @@ import sys
 import aiohttp
 import pytest
 
-from progrouter.server.log_hygiene import ClientBytesFilter
+from progrouter.server.edge.log_hygiene import ClientBytesFilter
 from progrouter.server.runner import RunningRouter
 
 from .conftest import assert_alive, exchange, json_post

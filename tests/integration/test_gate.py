@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
 from progrouter.program.types import InvalidIdentity, NoTargets
 from progrouter.routing.target import Target
-from progrouter.server.program_gate import ProgramGate, ProgramTicket, model_pool_of
+from progrouter.server.gate.program_gate import ProgramGate, ProgramTicket, model_pool_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from progrouter.server.drain import drain
+from progrouter.server.edge.drain import drain
 from support.factories import EngineFactory, RouterFactory
 from support.serve import serving
 

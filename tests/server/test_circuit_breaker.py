@@ -8,7 +8,7 @@ import aiohttp
 import uvloop
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState, CircuitBreaker
+from progrouter.server.hop.circuit_breaker import Breakers, BreakerSettings, BreakerState, CircuitBreaker
 from progrouter.server.runner import start_router
 from support.factories import RouterFactory, router_config
 

@@ -1,6 +1,6 @@
 import aiohttp
 
-from progrouter.server.health import HealthChecker, HealthTracker
+from progrouter.server.hop.health import HealthChecker, HealthTracker
 from support.redirect import redirect_to_canary
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from progrouter.server.limiter import InboundLimiter, TokenBucket
+from progrouter.server.edge.limiter import InboundLimiter, TokenBucket
 from progrouter.server.proxy import PROXY_KEY
 from progrouter.server.runner import RunningRouter
 from support.factories import RouterFactory

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from progrouter.server.local_metrics import LocalCounter, LocalGauge, LocalHistogram
+from progrouter.server.telemetry.local_metrics import LocalCounter, LocalGauge, LocalHistogram
 
 pytestmark = pytest.mark.timeout(30)
 

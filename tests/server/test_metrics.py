@@ -8,7 +8,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from progrouter.server.metrics import RouterMetrics
+from progrouter.server.telemetry.metrics import RouterMetrics
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory

@@ -7,7 +7,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from progrouter.server.program_metrics import METRICS, PREFIX, PrometheusObserver, UnknownMetric
+from progrouter.server.gate.program_metrics import METRICS, PREFIX, PrometheusObserver, UnknownMetric
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from progrouter.agents.residency_prompts import SAMPLED_BLOCKS, PromptSample
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.residency_prompts import SAMPLED_BLOCKS, PromptSample
 from progrouter.routing.kv_aware import OFFLOAD_BYTES
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
 from progrouter.routing.tokenize import PromptTokenizer
-from progrouter.server.program_residency import ProgramResidency
+from progrouter.server.gate.program_residency import ProgramResidency
 from support.tiny_tokenizer import write_tiny_tokenizer
 
 BS = 4

@@ -8,7 +8,7 @@ import re
 import aiohttp
 import pytest
 
-from progrouter.server.request_id import RequestIdFilter
+from progrouter.server.edge.request_id import RequestIdFilter
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory

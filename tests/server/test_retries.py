@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.server.retry import RetryPolicy, is_retryable
+from progrouter.server.hop.retry import RetryPolicy, is_retryable
 from support.factories import RouterFactory
 
 from .conftest import WorkerFactory

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from progrouter.server.worker_client import HIGH_WATER, WorkerClient, WorkerError
+from progrouter.server.hop.worker_client import HIGH_WATER, WorkerClient, WorkerError
 from support.factories import RouterFactory
 from support.loopback import serve_app
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from progrouter.epp.messages import DESTINATION_HEADER
-from progrouter.server.errors import error_body
+from progrouter.server.edge.errors import error_body
 
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if printing:
         print(bootstrap_text(config, envoy_port))
         return 0
-    from progrouter.server.telemetry import setup_telemetry
+    from progrouter.server.telemetry.setup import setup_telemetry
 
     try:
         setup_telemetry(config)

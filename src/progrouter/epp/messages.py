@@ -14,7 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
 from multidict import CIMultiDict
 
-from progrouter.server.errors import error_body
+from progrouter.server.edge.errors import error_body
 
 # The header an ORIGINAL_DST cluster routes by (the Gateway API Inference Extension's name).
 DESTINATION_HEADER = "x-gateway-destination-endpoint"

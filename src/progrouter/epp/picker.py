@@ -19,7 +19,7 @@ from yarl import URL
 from progrouter.program import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
-from progrouter.server.gate import ProgramTicket
+from progrouter.server.gate.contract import ProgramTicket
 from progrouter.server.state import RouterState
 
 log = logging.getLogger("progrouter.epp")

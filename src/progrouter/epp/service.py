@@ -25,10 +25,10 @@ from progrouter.epp.counter_usage import CounterUsage
 from progrouter.epp.exchange import Exchange
 from progrouter.epp.health import health_handler
 from progrouter.epp.metrics import EppMetrics
-from progrouter.server.auth import AccessPolicy, access_control
-from progrouter.server.dashboard import install_dashboard
-from progrouter.server.errors import json_errors
-from progrouter.server.gate import build_program_gate
+from progrouter.server.dashboard.routes import install_dashboard
+from progrouter.server.edge.auth import AccessPolicy, access_control
+from progrouter.server.edge.errors import json_errors
+from progrouter.server.gate.contract import build_program_gate
 from progrouter.server.prefix_index import evict_periodically
 from progrouter.server.state import (
     CONFIG_KEY,

@@ -10,7 +10,7 @@ reads them, and both readers take them from there (``prompt_sections``):
   list of items: messages, function calls and their outputs, reasoning summaries);
 - completions and generate: ``prompt`` / ``text``.
 
-The prompt-size estimate (``program.token_estimator.prompt_bytes``) measures every section. The routing text
+The prompt-size estimate (``agents.token_estimator.prompt_bytes``) measures every section. The routing text
 (``routing_text``) — what cache-aware routing keys on, the text a worker's prefix cache sees first — leaves
 the tool definitions out: they are the same on every request of a harness and carry no conversation, and
 upstream's routing text has none. So two requests that differ in ``max_tokens`` or ``stream`` but share a

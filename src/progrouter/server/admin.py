@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from progrouter.routing.target import Target
-from progrouter.server.errors import json_response
+from progrouter.server.edge.errors import json_response
 from progrouter.server.proxy import PROXY_KEY
 from progrouter.server.state import STATE_KEY, RouterState
 

@@ -22,15 +22,16 @@ from progrouter.config import RouterConfig
 from progrouter.observe.kv_events import kv_events_context
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.server.admin import add_admin_routes
-from progrouter.server.circuit_breaker import Breakers, BreakerSettings, BreakerState
-from progrouter.server.dashboard import install_dashboard
-from progrouter.server.edge import install_edge
-from progrouter.server.errors import json_error, json_response
-from progrouter.server.gate import build_program_gate
-from progrouter.server.limiter import InboundLimiter
+from progrouter.server.dashboard.routes import install_dashboard
+from progrouter.server.edge.errors import json_error, json_response
+from progrouter.server.edge.limiter import InboundLimiter
+from progrouter.server.edge.middleware import install_edge
+from progrouter.server.gate.contract import build_program_gate
+from progrouter.server.hop.circuit_breaker import Breakers, BreakerSettings, BreakerState
+from progrouter.server.hop.retry import RetryPolicy
+from progrouter.server.hop.worker_client import WorkerClient
 from progrouter.server.prefix_index import evict_periodically
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, AvailableTargetsGate, Proxy, handle_post
-from progrouter.server.retry import RetryPolicy
 from progrouter.server.state import (
     CONFIG_KEY,
     REGISTRY_KEY,
@@ -40,7 +41,6 @@ from progrouter.server.state import (
     build_state,
 )
 from progrouter.server.status import add_status_routes
-from progrouter.server.worker_client import WorkerClient
 
 log = logging.getLogger("progrouter.router")
 

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"progrouter serve: {exc}", file=sys.stderr)
         return 2
     from progrouter.server.lifecycle import serve
-    from progrouter.server.telemetry import setup_telemetry
+    from progrouter.server.telemetry.setup import setup_telemetry
 
     try:
         setup_telemetry(config)

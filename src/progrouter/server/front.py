@@ -38,18 +38,18 @@ from aiohttp.web_request import BaseRequest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from progrouter.config import RouterConfig
-from progrouter.server.connection import (
+from progrouter.server.edge.connection import (
     TIMER_SLACK,
     ConnectionGuard,
     GuardedHandler,
     GuardedSite,
     body_timed_out,
 )
-from progrouter.server.edge import EDGE_KEY, Edge
-from progrouter.server.errors import ANTHROPIC_ROUTES, ERROR_SHAPE, ErrorShape, json_error, raw_error
-from progrouter.server.exchange import Answer, Stream
+from progrouter.server.edge.errors import ANTHROPIC_ROUTES, ERROR_SHAPE, ErrorShape, json_error, raw_error
+from progrouter.server.edge.exchange import Answer, Stream
+from progrouter.server.edge.middleware import EDGE_KEY, Edge
+from progrouter.server.edge.request_id import REQUEST_ID
 from progrouter.server.proxy import PROXIED_ROUTES, PROXY_KEY, Proxy, proxy_request
-from progrouter.server.request_id import REQUEST_ID
 
 log = logging.getLogger("progrouter.edge")
 

@@ -15,7 +15,7 @@ import signal
 from typing import Any
 
 from progrouter.config import RouterConfig
-from progrouter.server.drain import drain
+from progrouter.server.edge.drain import drain
 from progrouter.server.runner import RunningRouter, start_router
 
 log = logging.getLogger("progrouter.router")

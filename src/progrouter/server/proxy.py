@@ -35,23 +35,23 @@ from multidict import CIMultiDict
 from progrouter.program import ScheduleError
 from progrouter.routing.policies import RoutingRequest
 from progrouter.routing.target import Target
-from progrouter.server import tracing
-from progrouter.server.circuit_breaker import Breakers
-from progrouter.server.errors import json_error
-from progrouter.server.event_feed import EventFeed
-from progrouter.server.exchange import AiohttpExchange, Answer, Exchange, Stream
-from progrouter.server.gate import ProgramGate, ProgramTicket
-from progrouter.server.headers import request_headers, response_headers
-from progrouter.server.limiter import InboundLimiter, Rejected
-from progrouter.server.metrics import NO_TARGET, RouterMetrics, status_class
-from progrouter.server.request_id import HEADER as REQUEST_ID_HEADER
-from progrouter.server.request_id import REQUEST_ID
-from progrouter.server.retry import RetryPolicy, is_retryable
+from progrouter.server.edge.errors import json_error
+from progrouter.server.edge.exchange import AiohttpExchange, Answer, Exchange, Stream
+from progrouter.server.edge.headers import request_headers, response_headers
+from progrouter.server.edge.limiter import InboundLimiter, Rejected
+from progrouter.server.edge.request_id import HEADER as REQUEST_ID_HEADER
+from progrouter.server.edge.request_id import REQUEST_ID
+from progrouter.server.gate.contract import ProgramGate, ProgramTicket
+from progrouter.server.hop.circuit_breaker import Breakers
+from progrouter.server.hop.retry import RetryPolicy, is_retryable
+from progrouter.server.hop.worker_client import WorkerClient, WorkerConnection, WorkerError
 from progrouter.server.state import STATE_KEY, RouterState
-from progrouter.server.worker_client import WorkerClient, WorkerConnection, WorkerError
+from progrouter.server.telemetry import tracing
+from progrouter.server.telemetry.event_feed import EventFeed
+from progrouter.server.telemetry.metrics import NO_TARGET, RouterMetrics, status_class
 
 if TYPE_CHECKING:
-    from progrouter.server.dashboard_summary import Summary
+    from progrouter.server.dashboard.summary import Summary
 
 log = logging.getLogger("progrouter.proxy")
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from progrouter.config import RouterConfig
 from progrouter.server.app import build_app
-from progrouter.server.connection import ConnectionGuard, GuardedSite
-from progrouter.server.dashboard import install_metrics_dashboard
+from progrouter.server.dashboard.routes import install_metrics_dashboard
+from progrouter.server.edge.connection import ConnectionGuard, GuardedSite
 from progrouter.server.front import FrontDoor, FrontSite
 from progrouter.server.state import REGISTRY_KEY, STATE_KEY, RouterState
 from progrouter.server.status import metrics_app

@@ -21,10 +21,10 @@ from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.policies import RoutingPolicy, build_policy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target, expand_targets
-from progrouter.server.gate import ProgramGate
-from progrouter.server.health import HealthChecker, HealthTracker
-from progrouter.server.metrics import RouterMetrics
+from progrouter.server.gate.contract import ProgramGate
+from progrouter.server.hop.health import HealthChecker, HealthTracker
 from progrouter.server.prefix_index import shared_cache_index
+from progrouter.server.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("progrouter.router")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from progrouter.server.errors import json_error, json_response
+from progrouter.server.edge.errors import json_error, json_response
 from progrouter.server.state import STATE_KEY
 
 

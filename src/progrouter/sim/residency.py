@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from progrouter.agents.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import PromptBlocks
 from progrouter.engine.request import chain_hashes
 from progrouter.program import RecordingObserver, ResidencyReport
-from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.sim.ranks import SimRank
 from progrouter.sim.requests import SimRequest
 

@@ -2,10 +2,10 @@
 
 ``NativeRouter`` sends each request at once to the Rank a request-level policy picks (``consistent_hash`` on
 the ``x-session-id`` header the replay sends, or ``round_robin``). ``ProgramRouter`` is the virtual-time twin
-of ``server/program_gate.py``: it builds the request's identity from the same ``agentic_context`` the replay
-sends, calls ``arrive``/``complete``/``tick``/``begin_observation``/``apply_observations`` with the virtual
-``now``, drains outcomes after every call, ticks every ``metrics_interval_seconds`` and at
-``next_deadline()``, and observes the Ranks on the same interval once Program traffic exists.
+of ``server/gate/program_gate.py`` on the same ``ProgramDriver`` (agents/driver.py): it builds the request's
+identity from the same ``agentic_context`` the replay sends, and the driver, with the virtual ``now``, drains
+outcomes after every call and ticks every ``metrics_interval_seconds`` and at ``next_deadline()``; the Ranks
+are observed on the same interval once Program traffic exists.
 
 Where it differs from the live gate, on purpose: the prompt-size estimate is the trace's exact input tokens
 (the live gate learns a tokens-per-byte coefficient), and a scrape takes no time (``begin_observation`` and
@@ -17,18 +17,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from progrouter.agents.driver import ProgramDriver
+from progrouter.agents.identity import extract_identity
 from progrouter.config import ProgramSchedulingConfig
 from progrouter.engine import RequestOutput
 from progrouter.program import (
     BackendObservation,
     Dispatched,
+    Outcome,
     PoolFull,
     ProgramRequest,
     ProgramScheduler,
     RecordingObserver,
+    ResidencyReport,
     UsageObservation,
 )
-from progrouter.program.identity import extract_identity
 from progrouter.routing.policies import RoutingPolicy, RoutingRequest
 from progrouter.routing.target import Target
 from progrouter.sim.clock import VirtualClock
@@ -104,52 +107,53 @@ class ProgramRouter:
         self._reject = reject
         self._hint_for = hint_for
         self._finished = finished
-        self._pending: dict[int, SimRequest] = {}
         self._deadline_at: float | None = None
-        self._last_tick = float("-inf")
         self._max_hint = 0.0
         self.settled_at: float | None = None
         self.drain_until: float | None = None
         self.residency: SimResidency | None = None  # residency_aware arms: the Ranks' block pools
+        self.driver: ProgramDriver[SimRequest] = ProgramDriver(
+            self.scheduler,
+            config.metrics_interval_seconds,
+            self._hand,
+            residency=self._residency_reports,
+            rearm=self._arm_deadline,
+        )
 
     # ------------------------------------------------------------------------------------------ driving
     def start(self, now: float) -> None:
         self.scheduler.set_targets(MODEL_POOL, self.targets, now)
-        self._clock.at(now + self.config.metrics_interval_seconds, self._periodic)
+        self.driver.start(now)
+        self._clock.at(self.driver.next_tick, self._periodic)
 
     def _periodic(self, _: object) -> None:
         now = self._clock.now
         tracked = self.scheduler.tracked_targets()
         if tracked:
-            epoch = self.scheduler.begin_observation(now)
-            self.scheduler.apply_observations(now, epoch, self._observe(tracked))
-            self._drain()
-        if self.residency is not None:
-            self.scheduler.observe_residency(now, self.residency.report())
-        self._tick(now)
+            epoch = self.driver.begin_observation(now)
+            self.driver.apply_observations(now, epoch, self._observe(tracked))
+        self.driver.periodic(now)
         if not self._settled(now):
-            self._clock.at(now + self.config.metrics_interval_seconds, self._periodic)
+            self._clock.at(self.driver.next_tick, self._periodic)
 
-    def _tick(self, now: float) -> None:
-        self._last_tick = now
-        self.scheduler.tick(now)
-        self._drain()
+    def _residency_reports(self) -> Mapping[tuple[str, str], ResidencyReport] | None:
+        return None if self.residency is None else self.residency.report()
 
     def _on_deadline(self, when: float) -> None:
         if when != self._deadline_at:
             return  # superseded by an earlier deadline, which re-armed this one if still due
         self._deadline_at = None
         if self.settled_at is None:
-            self._tick(self._clock.now)
+            self.driver.tick(self._clock.now)
 
     def _arm_deadline(self) -> None:
-        deadline = self.scheduler.next_deadline()
-        if deadline is None or deadline <= self._last_tick or self.settled_at is not None:
+        if self.settled_at is not None:
             return
-        if self._deadline_at is not None and self._deadline_at <= deadline:
-            return
-        self._deadline_at = deadline
-        self._clock.at(deadline, self._on_deadline, deadline)
+        armed = float("inf") if self._deadline_at is None else self._deadline_at
+        deadline = self.driver.deadline_before(armed)
+        if deadline is not None:
+            self._deadline_at = deadline
+            self._clock.at(deadline, self._on_deadline, deadline)
 
     def _settled(self, now: float) -> bool:
         """After the last task: stop once no Program holds capacity (or the drain horizon has passed)."""
@@ -188,13 +192,9 @@ class ProgramRouter:
             else self.residency.arrival((MODEL_POOL, found.identity.program_id), request),
         )
         try:
-            handle = self.scheduler.arrive(now, program_request)
+            request.handle = self.driver.arrive(now, program_request, request)
         except PoolFull as exc:  # as the live gate: 429, and the agent goes on
             self._reject(request, 429, str(exc))
-            return
-        request.handle = handle
-        self._pending[handle.id] = request
-        self._drain()
 
     def _body(self, request: SimRequest) -> dict[str, Any]:
         hint = self._hint_for(request)
@@ -207,7 +207,7 @@ class ProgramRouter:
         dispatch = request.dispatch
         assert dispatch is not None
         if output is None:
-            self.scheduler.complete(now, dispatch, success=False, usage=None)
+            self.driver.complete(now, dispatch, success=False, usage=None)
         else:
             fact = request.fact
             decode = None if fact.first_token_at is None else now - fact.first_token_at
@@ -216,20 +216,16 @@ class ProgramRouter:
                 completion_tokens=output.num_output_tokens,
                 cached_tokens=output.num_cached_tokens,
             )
-            self.scheduler.complete(now, dispatch, success=True, usage=usage, decode_seconds=decode)
-        self._drain()
+            self.driver.complete(now, dispatch, success=True, usage=usage, decode_seconds=decode)
 
-    def _drain(self) -> None:
-        """Send every dispatched request to its Rank; answer every timed-out one with 429."""
-        while outcomes := self.scheduler.take_outcomes():
-            for outcome in outcomes:
-                request = self._pending.pop(outcome.handle.id)
-                if isinstance(outcome, Dispatched):
-                    request.dispatch = outcome.dispatch
-                    self._dispatch(request, outcome.dispatch.target)
-                else:
-                    self._reject(request, 429, "Program request exceeded its admission queue timeout")
-        self._arm_deadline()
+    def _hand(self, request: SimRequest, outcome: Outcome) -> bool:
+        """Send a dispatched request to its Rank; answer a timed-out one with 429."""
+        if isinstance(outcome, Dispatched):
+            request.dispatch = outcome.dispatch
+            self._dispatch(request, outcome.dispatch.target)
+        else:
+            self._reject(request, 429, "Program request exceeded its admission queue timeout")
+        return True
 
     # ------------------------------------------------------------------------------------------ reading
     def diagnostics(self) -> dict[str, Any]:

@@ -20,7 +20,12 @@ from typing import Any, overload
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
 
-from progrouter.server.local_metrics import CounterSeries, HistogramSeries, LocalCounter, LocalHistogram
+from progrouter.server.telemetry.local_metrics import (
+    CounterSeries,
+    HistogramSeries,
+    LocalCounter,
+    LocalHistogram,
+)
 
 # Upstream exposes no ``*_created`` series; neither do we (a process-wide switch of prometheus_client).
 disable_created_metrics()  # type: ignore[no-untyped-call]

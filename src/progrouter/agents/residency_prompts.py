@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from progrouter.program.residency import Report
+from progrouter.program import ResidencyReport as Report
 
 ProgramKey = tuple[str, str]  # (model pool, Program id)
 #: How many leading keys of ``keys`` a Rank (target id) holds; None when its KV is unknown.

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from progrouter.agents.identity import IdentityResult, extract_identity
 from progrouter.config import EnableKey
-from progrouter.program.identity import IdentityResult, extract_identity
 from progrouter.program.types import InvalidIdentity, RequestHints
 
 pytestmark = pytest.mark.timeout(30)

@@ -21,8 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from progrouter.program import InvalidIdentity, LogLevel, NoTargets, PoolFull, QueueTimeout, ScheduleError
-from progrouter.server.event_feed import EventFeed
-from progrouter.server.local_metrics import (
+from progrouter.server.telemetry.event_feed import EventFeed
+from progrouter.server.telemetry.local_metrics import (
     CounterSeries,
     GaugeSeries,
     HistogramSeries,
@@ -30,7 +30,7 @@ from progrouter.server.local_metrics import (
     LocalGauge,
     LocalHistogram,
 )
-from progrouter.server.quantiles import QuantileSummary
+from progrouter.server.telemetry.quantiles import QuantileSummary
 
 PREFIX = "vllm_router_agent_aware_"
 

@@ -25,14 +25,14 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
 from progrouter.config import RouterConfig
-from progrouter.server.auth import AccessPolicy, screen, screened
-from progrouter.server.connection import body_reader
-from progrouter.server.cors import Cors, install_cors
-from progrouter.server.drain import answered_in_drain, drain_exempt, drain_refusal
-from progrouter.server.errors import ERROR_SHAPE, ErrorShape, http_error, shape_for
-from progrouter.server.exchange import Answer, Inbound
-from progrouter.server.headers import header_refusal
-from progrouter.server.request_id import HEADER, REQUEST_ID, header_names, pick_request_id
+from progrouter.server.edge.auth import AccessPolicy, screen, screened
+from progrouter.server.edge.connection import body_reader
+from progrouter.server.edge.cors import Cors, install_cors
+from progrouter.server.edge.drain import answered_in_drain, drain_exempt, drain_refusal
+from progrouter.server.edge.errors import ERROR_SHAPE, ErrorShape, http_error, shape_for
+from progrouter.server.edge.exchange import Answer, Inbound
+from progrouter.server.edge.headers import header_refusal
+from progrouter.server.edge.request_id import HEADER, REQUEST_ID, header_names, pick_request_id
 from progrouter.server.state import RouterState
 
 # The body reader: None when the body is in, else the refusal.

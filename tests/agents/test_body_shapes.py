@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from progrouter.program.token_estimator import prompt_bytes
+from progrouter.agents.token_estimator import prompt_bytes
 from progrouter.routing.request_text import MESSAGES, TEXT, TOOLS, prompt_sections, routing_text
 
 pytestmark = pytest.mark.timeout(30)

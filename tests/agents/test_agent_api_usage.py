@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from progrouter.agents.usage import SseUsageAccumulator, parse_json_usage
 from progrouter.program.types import UsageObservation
-from progrouter.program.usage import SseUsageAccumulator, parse_json_usage
 from support.agent_streams import anthropic_message, anthropic_stream, responses_object, responses_stream
 
 pytestmark = pytest.mark.timeout(30)

@@ -12,8 +12,8 @@ from itertools import chain
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from progrouter.server.errors import json_error
-from progrouter.server.exchange import Inbound
+from progrouter.server.edge.errors import json_error
+from progrouter.server.edge.exchange import Inbound
 
 HOP_BY_HOP = frozenset(
     {

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from progrouter.program.types import UsageObservation
+from progrouter.program import UsageObservation
 from progrouter.routing.hash_key import is_mapping
 
 MAX_PARTIAL_SSE_LINE_BYTES = 1024 * 1024

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from progrouter.agents.token_estimator import TokenEstimator, prompt_bytes
 from progrouter.program.observer import RecordingObserver
-from progrouter.program.token_estimator import TokenEstimator, prompt_bytes
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry
 from progrouter.config import RouterConfig
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.target import Target
-from progrouter.server.event_feed import EventFeed
+from progrouter.server.telemetry.event_feed import EventFeed
 
 if TYPE_CHECKING:
     from progrouter.program import ScheduleError, UsageObservation
     from progrouter.routing.kv_aware import KvAwarePolicy
-    from progrouter.server.dashboard_summary import Summary
+    from progrouter.server.dashboard.summary import Summary
 
 
 class ProgramTicket(Protocol):
@@ -58,6 +58,6 @@ def build_program_gate(
     kv_aware: KvAwarePolicy | None = None,
 ) -> ProgramGate:
     """Import the scheduler shell only when Program scheduling is on (it pulls in the whole core)."""
-    from progrouter.server.program_gate import ProgramGate as SchedulingGate
+    from progrouter.server.gate.program_gate import ProgramGate as SchedulingGate
 
     return SchedulingGate(config, session, registry, cache_index, kv_aware)

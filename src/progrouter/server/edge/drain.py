@@ -3,8 +3,8 @@
 Once draining, ``/readiness`` says 503 (so a load balancer stops sending), every new request is answered 503
 with ``Retry-After`` (it is safe to send again, to another replica), Program requests still waiting in the
 RequestPool get the same retryable 503, and requests already forwarded (streams included) may finish until
-``drain_timeout_secs``. The edge (``edge.py``) counts requests in progress so the drain knows when none is
-left.
+``drain_timeout_secs``. The edge (``middleware.py``) counts requests in progress so the drain knows when none
+is left.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from progrouter.server.errors import json_error
-from progrouter.server.exchange import Answer, Inbound
+from progrouter.server.edge.errors import json_error
+from progrouter.server.edge.exchange import Answer, Inbound
 from progrouter.server.state import RouterState
 
 log = logging.getLogger("progrouter.router")

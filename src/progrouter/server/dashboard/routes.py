@@ -4,8 +4,8 @@
 Each push carries the Rank aggregates, one page of the Programs table and the scheduling events since the
 previous push, from a ``Summary`` built at most once per interval and shared by every viewer. The page asks
 for its page with query parameters (``page``, ``size``, ``state``) and reconnects to change it. The routes
-are admin routes (``server/auth.py``), like the diagnostics; the page reads the stream with ``fetch`` so it
-can send an ``Authorization`` header.
+are admin routes (``server/edge/auth.py``), like the diagnostics; the page reads the stream with ``fetch`` so
+it can send an ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import orjson
 from aiohttp import web
 
 from progrouter.config import RouterConfig
-from progrouter.server.auth import AccessPolicy, access_control
-from progrouter.server.dashboard_summary import STATES, Summary
-from progrouter.server.errors import json_error
+from progrouter.server.dashboard.summary import STATES, Summary
+from progrouter.server.edge.auth import AccessPolicy, access_control
+from progrouter.server.edge.errors import json_error
 from progrouter.server.state import STATE_KEY, RouterState
 
 INTERVAL_SECONDS = 0.5
@@ -87,7 +87,7 @@ async def handle_asset(request: web.Request) -> web.StreamResponse:
     content_type = ASSETS.get(name)
     if content_type is None:
         return json_error(404, f"no dashboard file {name!r}")
-    body = resources.files("progrouter.server").joinpath("dashboard", name).read_bytes()
+    body = resources.files("progrouter.server.dashboard").joinpath(name).read_bytes()
     return web.Response(body=body, content_type=content_type, headers={"Cache-Control": "no-cache"})
 
 

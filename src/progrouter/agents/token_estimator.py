@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from progrouter.program.observer import NullObserver, SchedulerObserver
+from progrouter.program import NullObserver, SchedulerObserver
 from progrouter.routing.request_text import prompt_sections
 
 DEFAULT_TOKENS_PER_BYTE = 0.25

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from progrouter.config import RouterConfig
-from progrouter.server import tracing
-from progrouter.server.log_format import formatter
-from progrouter.server.logs import configure_logging
+from progrouter.server.telemetry import tracing
+from progrouter.server.telemetry.log_format import formatter
+from progrouter.server.telemetry.logs import configure_logging
 
 
 def setup_telemetry(config: RouterConfig) -> Path | None:

@@ -7,10 +7,10 @@ scheduler and awaits its outcome: dispatched to a Rank (a ``ProgramTicket``) or 
 once.
 
 Around that, three things keep the core fed, all with ``time.monotonic()``:
-- a driver task that wakes at the earlier of the next periodic tick (``metrics_interval_seconds``) and the
-  scheduler's ``next_deadline()``, calls ``tick`` and resolves the outcomes it produced;
-- after every arrive/complete/cancel/observation, outcomes are drained at once (a completion often admits
-  the next Program), so nothing waits for a tick that it does not need;
+- a driver task that sleeps until the ``ProgramDriver`` (agents/driver.py) wants to be woken (the earlier of
+  the next periodic tick, ``metrics_interval_seconds``, and the scheduler's ``next_deadline()``) and wakes it;
+- the driver drains outcomes after every arrive/complete/cancel/observation (a completion often admits the
+  next Program), so nothing waits for a tick that it does not need; each goes to the request's future;
 - backend observation: ``/metrics`` polling starts only once Program traffic exists, and polls only the
   Ranks the scheduler tracks, bracketing each scrape with ``begin_observation``/``apply_observations``.
 
@@ -34,6 +34,10 @@ import aiohttp
 from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 
+from progrouter.agents.driver import ProgramDriver
+from progrouter.agents.identity import extract_identity
+from progrouter.agents.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
+from progrouter.agents.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
@@ -47,20 +51,18 @@ from progrouter.program import (
     ProgramScheduler,
     QueueTimeout,
     RequestHandle,
+    ResidencyReport,
     ScheduleError,
     UsageObservation,
 )
-from progrouter.program.identity import extract_identity
-from progrouter.program.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
-from progrouter.program.usage import SseUsageAccumulator, merge_json_usage
 from progrouter.routing.kv_aware import KvAwarePolicy
 from progrouter.routing.prefix_tree import CacheAwareIndex
 from progrouter.routing.request_text import routing_text
 from progrouter.routing.target import Target
-from progrouter.server.dashboard_summary import Summary
-from progrouter.server.event_feed import EventFeed
-from progrouter.server.program_metrics import PrometheusObserver
-from progrouter.server.program_residency import ProgramResidency
+from progrouter.server.dashboard.summary import Summary
+from progrouter.server.gate.program_metrics import PrometheusObserver
+from progrouter.server.gate.program_residency import ProgramResidency
+from progrouter.server.telemetry.event_feed import EventFeed
 
 log = logging.getLogger("progrouter.program.gate")
 
@@ -145,6 +147,14 @@ class ProgramTicket:
                 self._gate._loop_call_soon(self.finish, False)
 
 
+def _hand(future: asyncio.Future[Outcome], outcome: Outcome) -> bool:
+    """Resolve a waiting request's future; False when its client has gone (the future is done)."""
+    if future.done():
+        return False
+    future.set_result(outcome)
+    return True
+
+
 class ProgramGate:
     """Program scheduling for one router: identity → scheduler → Rank, plus its driver and observation."""
 
@@ -170,32 +180,34 @@ class ProgramGate:
         self._keep_text = program.binding_strategy is BindingStrategy.CACHE_AWARE
         self._targets: list[Target] = []
         self._pools: set[str] = set()
-        self._waiters: dict[RequestHandle, asyncio.Future[Outcome]] = {}
         self._wake: asyncio.Future[None] | None = None  # the driver's sleep; resolved to wake it early
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._driver: asyncio.Task[None] | None = None
+        self._driving: asyncio.Task[None] | None = None
         self._observation: asyncio.Task[None] | None = None
-        self._last_tick = float("-inf")
         self._wake_at = float("inf")  # when the sleeping driver wakes by itself
         self.residency = ProgramResidency.from_config(config, registry, kv_aware)
+        interval = program.metrics_interval_seconds
+        self.driver: ProgramDriver[asyncio.Future[Outcome]] = ProgramDriver(
+            self.scheduler, interval, _hand, residency=self._residency, rearm=self._poke
+        )
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._driver = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
+        self._driving = asyncio.create_task(self._supervise("driver", self._drive), name="progrouter-program")
 
     async def stop(self) -> None:
         if self.residency is not None:
             await self.residency.stop()
-        for task in (self._observation, self._driver):
+        for task in (self._observation, self._driving):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._observation = self._driver = None
-        for future in self._waiters.values():
+        self._observation = self._driving = None
+        for future in self.driver.waiters.values():
             future.cancel()
-        self._waiters.clear()
+        self.driver.waiters.clear()
 
     def set_healthy_targets(self, targets: Sequence[Target]) -> None:
         """The healthy Ranks; each pool seen so far is served by all of them (a vanished Rank fails over)."""
@@ -208,7 +220,7 @@ class ProgramGate:
             self.scheduler.set_targets(pool, self._targets, now)
         for target_id in gone:
             self.observer.forget_target(target_id)
-        self._drain(now)
+        self.driver.drain(now)
 
     # ----------------------------------------------------------------------------------------- requests
     async def acquire(
@@ -255,11 +267,9 @@ class ProgramGate:
             routing_text=routing_text(body) if self._keep_text else None,
             residency=residency,
         )
-        handle = self.scheduler.arrive(now, request)
-        self._ensure_observation()
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiters[handle] = future
-        self._drain(now)
+        handle = self.driver.arrive(now, request, future)
+        self._ensure_observation()
         try:
             outcome = await future
         except asyncio.CancelledError:
@@ -277,14 +287,13 @@ class ProgramGate:
         """Drain: withdraw every request still waiting for a Rank and answer it ``Draining``; how many."""
         now = time.monotonic()
         shed = 0
-        for handle, future in list(self._waiters.items()):
+        for handle, future in list(self.driver.waiters.items()):
             if future.done():
                 continue
-            del self._waiters[handle]
-            self.scheduler.cancel(now, handle)
+            self.driver.withdraw(now, handle)
             future.set_exception(Draining())
             shed += 1
-        self._drain(now)
+        self.driver.drain(now)
         return shed
 
     def diagnostics(self, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE) -> dict[str, Any]:
@@ -305,14 +314,14 @@ class ProgramGate:
     def _abandon(self, handle: RequestHandle, future: asyncio.Future[Outcome]) -> None:
         """The client left while waiting: withdraw the request, or undo a dispatch it will never use."""
         now = time.monotonic()
-        self._waiters.pop(handle, None)
         if future.done() and not future.cancelled():
+            self.driver.waiters.pop(handle, None)
             outcome = future.result()
             if isinstance(outcome, Dispatched):
                 self.scheduler.complete(now, outcome.dispatch, success=False, usage=None)
         else:
-            self.scheduler.cancel(now, handle)
-        self._drain(now)
+            self.driver.withdraw(now, handle)
+        self.driver.drain(now)
 
     def _complete(
         self,
@@ -324,25 +333,16 @@ class ProgramGate:
     ) -> None:
         if success:
             self.estimator.observe(ticket._estimate, usage.prompt_tokens)
-        self.scheduler.complete(
+        self.driver.complete(
             now,
             ticket.dispatch,
             success=success,
             usage=None if usage.empty else usage,
             decode_seconds=decode_seconds,
         )
-        self._drain(now)
 
-    def _drain(self, now: float) -> None:
-        """Hand every outcome to its waiter; a dispatch nobody waits for any more is completed as failed."""
-        while outcomes := self.scheduler.take_outcomes():
-            for outcome in outcomes:
-                future = self._waiters.pop(outcome.handle, None)
-                if future is not None and not future.done():
-                    future.set_result(outcome)
-                elif isinstance(outcome, Dispatched):
-                    self.scheduler.complete(now, outcome.dispatch, success=False, usage=None)
-        self._poke()  # deadlines may have moved
+    def _residency(self) -> dict[tuple[str, str], ResidencyReport] | None:
+        return None if self.residency is None else self.residency.report(self._targets)
 
     def _poke(self) -> None:
         """Wake the driver when the scheduler's next deadline now comes before the driver's wake-up.
@@ -353,8 +353,7 @@ class ProgramGate:
         wake = self._wake
         if wake is None or wake.done():
             return
-        deadline = self.scheduler.next_deadline()
-        if deadline is not None and self._last_tick < deadline < self._wake_at:
+        if self.driver.deadline_before(self._wake_at) is not None:
             wake.set_result(None)
 
     async def _sleep(self, delay: float) -> None:
@@ -375,13 +374,10 @@ class ProgramGate:
             self._loop.call_soon_threadsafe(callback, *args)
 
     async def _drive(self) -> None:
-        interval = self.config.metrics_interval_seconds
-        next_tick = time.monotonic() + interval
+        driver = self.driver
+        driver.start(time.monotonic())
         while True:
-            deadline = self.scheduler.next_deadline()
-            wake_at = next_tick
-            if deadline is not None and deadline > self._last_tick:
-                wake_at = min(wake_at, deadline)
+            wake_at = driver.wake_at()
             delay = wake_at - time.monotonic()
             if delay > 0:
                 self._wake_at = wake_at
@@ -389,24 +385,16 @@ class ProgramGate:
             now = time.monotonic()
             if now < wake_at:
                 continue  # woken early by new work: recompute the deadline
-            self._last_tick = now
-            if self.residency is not None and now >= next_tick:
-                self.scheduler.observe_residency(now, self.residency.report(self._targets))
-            self.scheduler.tick(now)
-            self._drain(now)
-            if now >= next_tick:
-                next_tick = now + interval
+            driver.wake(now)
 
     def _ensure_observation(self) -> None:
-        if self._observation is None and self._driver is not None:
+        if self._observation is None and self._driving is not None:
 
             def begin() -> object:
-                return self.scheduler.begin_observation(time.monotonic())
+                return self.driver.begin_observation(time.monotonic())
 
             def apply(epoch: Any, observations: dict[str, BackendObservation]) -> None:
-                now = time.monotonic()
-                self.scheduler.apply_observations(now, epoch, observations)
-                self._drain(now)
+                self.driver.apply_observations(time.monotonic(), epoch, observations)
 
             self._observation = asyncio.create_task(
                 self._supervise(

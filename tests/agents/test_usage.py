@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from progrouter.program.types import UsageObservation
-from progrouter.program.usage import (
+from progrouter.agents.usage import (
     MAX_PARTIAL_SSE_LINE_BYTES,
     SseUsageAccumulator,
     parse_json_usage,
     usage_from_object,
 )
+from progrouter.program.types import UsageObservation
 
 pytestmark = pytest.mark.timeout(60)
 

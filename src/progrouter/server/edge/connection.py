@@ -38,8 +38,8 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from progrouter.config import RouterConfig
-from progrouter.server.errors import json_error, raw_error
-from progrouter.server.log_hygiene import install_aiohttp_log_filter
+from progrouter.server.edge.errors import json_error, raw_error
+from progrouter.server.edge.log_hygiene import install_aiohttp_log_filter
 
 log = logging.getLogger("progrouter.edge")
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from progrouter.config import EnableKey
-from progrouter.program.types import InvalidIdentity, ProgramIdentity, RequestHints
+from progrouter.program import InvalidIdentity, ProgramIdentity, RequestHints
 from progrouter.routing.hash_key import answers_any_case, is_mapping, native_hash_key
 
 MAX_IDENTITY_COMPONENT_BYTES = 256

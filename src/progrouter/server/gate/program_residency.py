@@ -8,7 +8,7 @@ prompts need ``--tokenizer`` (kv_aware's, when it runs), and a body over ``OFFLO
 worker thread, off the event loop. Without a tokenizer a text or chat prompt leaves the Program unknown and
 its scheduling as without residency.
 
-Memory stays bounded (``program.residency_prompts``: at most 64 sampled keys per Program, at most
+Memory stays bounded (``agents.residency_prompts``: at most 64 sampled keys per Program, at most
 ``max_paused_programs + max_pooled_requests`` Programs).
 """
 
@@ -24,17 +24,17 @@ from typing import Any
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from progrouter.agents.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.config import ProgramSchedulingConfig, RouterConfig
 from progrouter.engine.kv_events import rank_endpoint
 from progrouter.observe.kv_events import KVEventMetrics, KVEventSubscriber, in_worker_thread
 from progrouter.program import ResidencyReport
-from progrouter.program.residency_prompts import ProgramKey, ProgramPrompts
 from progrouter.routing.kv_aware import OFFLOAD_BYTES, KvAwarePolicy
 from progrouter.routing.kv_residency import ResidencyIndex, chain_keys
 from progrouter.routing.target import Target
 from progrouter.routing.tokenize import PromptTokenizer, needs_tokenizer, prompt_token_ids
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("progrouter.server.program_residency")  # the logger name its lines carry, kept
 
 
 class ProgramResidency:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from progrouter.agents.identity import IdentityResult, extract_identity
 from progrouter.config import EnableKey, ProgramSchedulingConfig
-from progrouter.program.identity import IdentityResult, extract_identity
 from progrouter.program.types import InvalidIdentity
 
 pytestmark = pytest.mark.timeout(30)

@@ -30,8 +30,8 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
 from progrouter.config import RouterConfig, read_keys_file
-from progrouter.server.errors import json_error
-from progrouter.server.exchange import Inbound
+from progrouter.server.edge.errors import json_error
+from progrouter.server.edge.exchange import Inbound
 
 OPEN_PATHS = frozenset({"/health", "/readiness", "/liveness"})
 ADMIN_PATHS = frozenset(

@@ -7,8 +7,8 @@ import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
-from progrouter.server.log_format import TEXT_FORMAT
-from progrouter.server.request_id import RequestIdFilter
+from progrouter.server.edge.request_id import RequestIdFilter
+from progrouter.server.telemetry.log_format import TEXT_FORMAT
 
 LOG_FILE_NAME = "progrouter.log"
 LOG_FILE_BYTES = 50 * 1024 * 1024
