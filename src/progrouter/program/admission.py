@@ -28,6 +28,7 @@ from progrouter.program.policy import (
     rank_batch_gain,
     target_rounds,
 )
+from progrouter.program.rank_capacity import watermark_tokens
 
 if TYPE_CHECKING:
     from progrouter.program.factors import RankFactors
@@ -69,6 +70,7 @@ class RankView:
         "_reserve",
         "_target_rounds",
         "active",
+        "capacity",
         "config",
         "count_fits",
         "factors",
@@ -89,8 +91,10 @@ class RankView:
         factors: RankFactors | None,
         observation: BackendObservation | None,
         used: float,
+        capacity: int | None,
     ) -> None:
-        """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage."""
+        """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage;
+        ``capacity``: its token capacity in force (``CapacityLedger.capacity``; None: the count guard)."""
         self.config = config
         self.target_id = target_id
         self._rank = rank
@@ -103,8 +107,8 @@ class RankView:
         self.count_fits = count_fits(active, config)
         self.overflow_busy = rank.overflow is not None
         self.used = used
-        capacity = config.token_capacity_per_dp_rank
-        self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
+        self.capacity = capacity
+        self.low_tokens = watermark_tokens(capacity, config.low_watermark_ratio)
         self._target_rounds: int | None = None
         self._reserve: float | None = None
         self._demand_limit: float | None = None
@@ -212,6 +216,7 @@ class RankView:
             batch = self._batch = rank_batch_gain(
                 self.config,
                 self.factors,
+                low_watermark_tokens=self.low_tokens,
                 batch_size_before=len(rank.reasoning),
                 context_tokens_before=rank.reasoning_context,
                 used_tokens=self.used,
@@ -280,6 +285,7 @@ class AdmissionPlan(NamedTuple):
     used: float
     required: int
     reserve: float
+    capacity: int | None  # the Rank's token capacity in force (None: the count guard alone)
 
 
 def uncached_tokens(program: Program) -> int:
@@ -328,5 +334,5 @@ def _admission(
 ) -> AdmissionPlan:
     """The plan to admit a candidate of demand ``required`` on the view's Rank as it stands."""
     return AdmissionPlan(
-        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve
+        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve, view.capacity
     )

@@ -24,6 +24,7 @@ from progrouter.program.demand import program_private_tokens
 from progrouter.program.ledger import RankAccount
 from progrouter.program.lifecycle import future_relief
 from progrouter.program.policy import CapacityAccountingSource, fitted_acting_ttl_for_rank, observation_fresh
+from progrouter.program.rank_capacity import watermark_tokens
 from progrouter.program.state import ProgramState, ProgramStatus
 
 if TYPE_CHECKING:
@@ -88,7 +89,6 @@ class Diagnostics:
         "_keeper",
         "_ledger",
         "_lineage",
-        "_low_tokens",
         "_observer",
         "_pool",
         "_queues",
@@ -122,8 +122,6 @@ class Diagnostics:
         self._lineage = lineage
         self._keeper = keeper
         self._residency = residency
-        capacity = config.token_capacity_per_dp_rank
-        self._low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
 
     def report_accounting_sources(
         self,
@@ -222,7 +220,8 @@ class Diagnostics:
         ledger = self._ledger
         account = ledger.accounts.get(target_id) or RankAccount()
         rank = self._table.peek_rank(target_id)
-        capacity = config.token_capacity_per_dp_rank
+        capacity = ledger.capacity(target_id)
+        low_tokens = watermark_tokens(capacity, config.low_watermark_ratio)
         used = ledger.usage(target_id, now)
         observation = account.observation
         age = ledger.observation_age(target_id, now)
@@ -236,9 +235,11 @@ class Diagnostics:
             "target_id": target_id,
             "base_url": target.base_url,
             "dp_rank": target.dp_rank,
-            "configured_token_capacity": capacity,
+            "configured_token_capacity": config.token_capacity_per_dp_rank,
+            "token_capacity": capacity,
+            "token_capacity_source": ledger.capacity_source(target_id).value,
             "router_estimated_used_tokens": used,
-            "router_estimated_headroom_tokens": None if self._low_tokens is None else self._low_tokens - used,
+            "router_estimated_headroom_tokens": None if low_tokens is None else low_tokens - used,
             "router_ledger_tokens": account.ledger_tokens,
             "vllm_usage_scaled_tokens": native,
             "observed_active_reasoning_tokens": account.est_reasoning_tokens,
