@@ -533,8 +533,7 @@ class ProgramSchedulingConfig(_Strict):
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
         raise ValueError(
-            f'{v!r} is not a positive integer, "auto" or null '
-            "(the logical KV tokens of each DP Rank)"
+            f'{v!r} is not a positive integer, "auto" or null (the logical KV tokens of each DP Rank)'
         )
 
     @field_validator("cross_rank_headroom_ratio")
