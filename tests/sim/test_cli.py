@@ -50,7 +50,8 @@ def test_generate_runs_every_arm_and_writes_the_report(tmp_path: Path) -> None:
     for arm in report["arms"]:
         facts = (out / arm / "facts.jsonl").read_bytes().splitlines()
         assert len(facts) == report["trace"]["requests"]
-    assert (out / "program" / "diagnostics.json").exists()
+    ranks = orjson.loads((out / "program" / "diagnostics.json").read_bytes())["ranks"]
+    assert [(r["token_capacity"], r["token_capacity_source"]) for r in ranks] == [(96 * 16, "reported")] * 2
     assert (out / "timing.json").exists()
 
 
