@@ -80,6 +80,8 @@ def test_each_rank_admits_by_its_own_size(harness: Any) -> None:
     assert sorted(h.target_of(x) for x in handles if h.dispatched(x)) == [T0] * 2 + [T1] * 4
     assert (active(h, T0), queued(h, T0), active(h, T1), queued(h, T1)) == (2, 2, 4, 0)
     assert [h.rank(t)["token_capacity"] for t in (T0, T1)] == [1000, 4000]
+    h.tick()
+    assert [h.observer.gauges[("token_capacity_tokens", (("target", t),))] for t in (T0, T1)] == [1000, 4000]
 
 
 def test_a_larger_report_admits_the_waiters_at_once(harness: Any) -> None:
@@ -130,6 +132,8 @@ def test_a_size_that_shrinks_below_use_is_repaired_and_loses_nothing(harness: An
 
 def test_a_rank_that_leaves_forgets_its_size_until_it_reports_again(harness: Any) -> None:
     h: Harness = harness([T0, T1], token_capacity_per_dp_rank="auto")
+    h.tick()
+    assert h.observer.gauges[("token_capacity_tokens", (("target", T0),))] == 0  # none yet: the count guard
     h.observe({T0: sized(1000), T1: sized(3000)})
     h.set_targets([T1])  # T0's worker left
     assert h.rank(T1)["token_capacity"] == 3000

@@ -164,6 +164,7 @@ class Diagnostics:
             observer.gauge("rank_active_programs", rank.active_count, target=target_id)
             fresh = self._ledger.fresh_observation(target_id, now) is not None
             observer.gauge("capacity_observation_fresh", 1.0 if fresh else 0.0, target=target_id)
+            observer.gauge("token_capacity_tokens", self._ledger.capacity(target_id) or 0, target=target_id)
             factors = self._stats.get(target_id)
             if factors is None:
                 continue
