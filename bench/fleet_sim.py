@@ -88,8 +88,9 @@ def build_arms(
     hints: dict[str, Hint] | None = None,
 ) -> list[SimArm]:
     """The named arms, then each ``--variant``: the spec's default config with the profile's cost models, the
-    capacity arm's pool bound and the variant's fields on top (``"token_capacity_per_dp_rank": "kv"`` is the
-    Rank's KV tokens), its agents sending ``hints[name]`` as ``kv_retention_ttl_seconds`` if given."""
+    capacity arm's pool bound and the variant's fields on top (``"token_capacity_per_dp_rank": "auto"`` is
+    each Rank's KV tokens, as its engine reports them), its agents sending ``hints[name]`` as
+    ``kv_retention_ttl_seconds`` if given."""
     base = with_cost_models({}, profile.prefill_cost_model, profile.decode_throughput_model)
     capacity = {
         "token_capacity_per_dp_rank": fleet.capacity_tokens,
@@ -103,8 +104,6 @@ def build_arms(
         else:
             arms.append(standard_arm(name, base))
     for name, overrides in variants.items():
-        if overrides.get("token_capacity_per_dp_rank") == "kv":
-            overrides = {**overrides, "token_capacity_per_dp_rank": fleet.capacity_tokens}
         pool = {"max_pooled_requests": capacity["max_pooled_requests"]}
         arms.append(variant_arm(name, base, {**pool, **overrides}, hint=(hints or {}).get(name)))
     return arms
@@ -377,7 +376,7 @@ def main(build: TraceBuilder = build_trace) -> None:
         action="append",
         default=[],
         metavar="NAME=JSON",
-        help='another Program arm: the spec default + JSON (\'cap={"token_capacity_per_dp_rank": "kv"}\')',
+        help='another Program arm: the spec default + JSON (\'cap={"token_capacity_per_dp_rank": "auto"}\')',
     )
     ap.add_argument(
         "--variant-hint",

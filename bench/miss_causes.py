@@ -23,7 +23,7 @@ Active Acting Programs' actual contexts against what the ledger charged them, wh
 Programs it admitted outgrew what it charged.
 
     .venv/bin/python bench/miss_causes.py --profile h200-llama-8b --ranks 4 --hours 0.5 --agents 128 \\
-        --seed 0 --arms native --variant 'capwg={"token_capacity_per_dp_rank":"kv","global_queue":true}'
+        --seed 0 --arms native --variant 'capwg={"token_capacity_per_dp_rank":"auto","global_queue":true}'
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_counts_positive(field: str) -> None:
 
 
 def test_capacity_zero_rejected_null_allowed() -> None:
-    _rejects({"token_capacity_per_dp_rank": 0}, "must be > 0")
+    _rejects({"token_capacity_per_dp_rank": 0}, 'is not a positive integer, "auto" or null')
     assert _parse({"token_capacity_per_dp_rank": None}).token_capacity_per_dp_rank is None
 
 

@@ -28,11 +28,10 @@ DIGESTS = "_compiled.json"  # beside this file: {module path: sha256 of the sour
 _PROGRAM = (
     "core/admission core/agenda core/binding core/demand core/diagnostics core/dispatch core/factors"
     " core/fleet core/force_resume core/ledger core/lifecycle core/lineage core/pool core/queues"
-    " core/rank_facts core/records core/resume core/resume_order core/scheduler core/state core/table"
-    " core/telemetry core/timers formulas/accounting formulas/batch_gain formulas/force_resume"
-    " formulas/freshness formulas/growth formulas/repair formulas/ttl_fit formulas/ttl_weighing"
-    " variants/acting_ttl variants/migration variants/warmup"
-    " outcomes residency"
+    " core/rank_capacity core/rank_facts core/records core/resume core/resume_order core/scheduler"
+    " core/state core/table core/telemetry core/timers formulas/accounting formulas/batch_gain"
+    " formulas/force_resume formulas/freshness formulas/growth formulas/repair formulas/ttl_fit"
+    " formulas/ttl_weighing variants/acting_ttl variants/migration variants/warmup outcomes residency"
 )
 #: the shell-side pieces every Program request passes through (driver, identity, estimate, usage, residency)
 _AGENTS = "driver identity residency_prompts token_estimator usage"

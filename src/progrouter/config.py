@@ -27,6 +27,8 @@ REFERENCE_PREFILL_TOKENS = 50_000
 REFERENCE_DECODE_BATCH_SIZE = 4
 REFERENCE_DECODE_CONTEXT_TOKENS_PER_REQUEST = 50_000
 CALIBRATION_DOCS = "docs/guides/calibrate.md"
+#: ``token_capacity_per_dp_rank``'s value beyond the spec: each Rank's KV size as its vLLM reports it.
+AUTO_TOKEN_CAPACITY = "auto"
 
 
 class ConfigError(ValueError):
@@ -280,12 +282,15 @@ class ProgramSchedulingConfig(_Strict):
         description="virtual nodes of consistent_hash binding (no effect on the other strategies)",
         json_schema_extra=setting(minimum=1),
     )
-    token_capacity_per_dp_rank: int | None = Field(
+    token_capacity_per_dp_rank: int | Literal["auto"] | None = Field(
         default=None,
         validation_alias=AliasChoices("token_capacity_per_dp_rank", "token_capacity_per_target"),
         description="logical KV-token capacity of each DP Rank: enables token-based admission, growth "
         "reserve, capacity repair and cross-Rank headroom checks; null: the Program-count guard only. "
-        "reasoning_token_balance needs it",
+        'reasoning_token_balance needs it. "auto" (beyond the spec): each Rank\'s KV size as its vLLM '
+        "reports it in vllm:cache_config_info, followed when a worker rejoins or reports another size; "
+        "a Rank whose size is not known yet has the Program-count guard only, and reasoning_token_balance "
+        "counts it as having no token capacity",
         json_schema_extra=setting(minimum=1),
     )
     max_active_programs_per_target: int = Field(
@@ -510,7 +515,6 @@ class ProgramSchedulingConfig(_Strict):
         "max_model_pools",
         "stats_window_size",
         "max_segment_rounds",
-        "token_capacity_per_dp_rank",
     )
     @classmethod
     def _count(cls, v: int | None, info: Any) -> int | None:
@@ -519,6 +523,18 @@ class ProgramSchedulingConfig(_Strict):
                 f"{info.field_name}: Program scheduling counts and configured token capacity must be > 0"
             )
         return v
+
+    @field_validator("token_capacity_per_dp_rank", mode="before")
+    @classmethod
+    def _token_capacity(cls, v: object) -> object:
+        """A positive integer, ``"auto"`` or null; anything else is refused with the three choices named."""
+        if v is None or v == AUTO_TOKEN_CAPACITY:
+            return v
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+        raise ValueError(
+            f'{v!r} is not a positive integer, "auto" or null (the logical KV tokens of each DP Rank)'
+        )
 
     @field_validator("cross_rank_headroom_ratio")
     @classmethod

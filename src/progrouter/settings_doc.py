@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import AliasChoices, BaseModel
@@ -96,7 +97,14 @@ def _bounds_text(field: FieldInfo) -> str:
 def _type_text(annotation: Any) -> str:
     kind = value_type(annotation)
     text: str
-    if (values := choices(kind)) is not None:
+    if get_origin(kind) in (Union, UnionType):  # a number or named words: ``int | Literal["auto"]``
+        members = [a for a in get_args(kind) if a is not type(None)]
+        text = ", ".join(
+            " or ".join(f'`"{v}"`' for v in get_args(a)) if get_origin(a) is Literal else _type_text(a)
+            for a in members
+        )
+        return text + (" or null" if len(members) < len(get_args(kind)) else "")
+    elif (values := choices(kind)) is not None:
         text = "one of " + ", ".join(f"`{v}`" for v in values)
     elif get_origin(kind) is list:
         text = "list of strings"

@@ -394,6 +394,7 @@ def test_rank_batch_gain_reads_config_and_factors() -> None:
     est = rank_batch_gain(
         config,
         f,
+        low_watermark_tokens=100_000 * config.low_watermark_ratio,
         batch_size_before=4,
         context_tokens_before=200_000,
         used_tokens=50_000.0,
@@ -406,6 +407,7 @@ def test_rank_batch_gain_reads_config_and_factors() -> None:
     est = rank_batch_gain(
         no_capacity,
         f,
+        low_watermark_tokens=None,
         batch_size_before=4,
         context_tokens_before=200_000,
         used_tokens=50_000.0,

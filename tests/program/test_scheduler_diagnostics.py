@@ -18,7 +18,8 @@ from progrouter.program.types import BackendObservation
 pytestmark = pytest.mark.timeout(30)
 
 RANK_KEYS = {
-    "target_id", "base_url", "dp_rank", "configured_token_capacity", "router_estimated_used_tokens",
+    "target_id", "base_url", "dp_rank", "configured_token_capacity", "token_capacity",
+    "token_capacity_source", "router_estimated_used_tokens",
     "router_estimated_headroom_tokens", "vllm_usage_scaled_tokens", "observed_active_reasoning_tokens",
     "observed_active_program_tokens", "tracked_active_reasoning_requests",
     "observed_router_active_reasoning_programs", "observed_router_active_reasoning_requests",

@@ -25,7 +25,7 @@ def test_every_metric_is_exposed_with_its_type() -> None:
     for name, spec in METRICS.items():
         exposed = PREFIX + name
         assert f"# TYPE {exposed} {spec.kind}" in text, name
-    assert len(METRICS) == 25
+    assert len(METRICS) == 26
 
 
 def test_transitions_gauges_counters_and_histograms_record() -> None:

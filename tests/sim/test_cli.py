@@ -29,7 +29,7 @@ def test_generate_runs_every_arm_and_writes_the_report(tmp_path: Path) -> None:
         [
             "simulate", "--generate", "coding", *SMALL_FLAGS, "--ranks", "2", "--num-blocks", "96",
             "--arms", "native,round_robin,program,binding_only,oracle",
-            "--program-config", '{"token_capacity_per_dp_rank": "kv", "global_queue": true}',
+            "--program-config", '{"token_capacity_per_dp_rank": "auto", "global_queue": true}',
             "--variant", 'lpc={"binding_strategy": "least_program_count"}',
             "--hint", "next-gap", "--variant-hint", "program=none", "--out", str(out),
         ]
@@ -37,7 +37,7 @@ def test_generate_runs_every_arm_and_writes_the_report(tmp_path: Path) -> None:
     assert code == 0
     report = orjson.loads((out / "report.json").read_bytes())
     assert list(report["arms"]) == ["binding_only", "lpc", "native", "oracle", "program", "round_robin"]
-    assert report["program_config"] == {"token_capacity_per_dp_rank": 96 * 16, "global_queue": True}
+    assert report["program_config"] == {"token_capacity_per_dp_rank": "auto", "global_queue": True}
     specs = report["arm_specs"]
     assert specs["lpc"]["program_config"]["binding_strategy"] == "least_program_count"
     assert specs["lpc"]["kv_retention_hint"] == "next-gap"
@@ -50,7 +50,8 @@ def test_generate_runs_every_arm_and_writes_the_report(tmp_path: Path) -> None:
     for arm in report["arms"]:
         facts = (out / arm / "facts.jsonl").read_bytes().splitlines()
         assert len(facts) == report["trace"]["requests"]
-    assert (out / "program" / "diagnostics.json").exists()
+    ranks = orjson.loads((out / "program" / "diagnostics.json").read_bytes())["ranks"]
+    assert [(r["token_capacity"], r["token_capacity_source"]) for r in ranks] == [(96 * 16, "reported")] * 2
     assert (out / "timing.json").exists()
 
 

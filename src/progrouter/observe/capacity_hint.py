@@ -51,7 +51,8 @@ class CapacityHint:
             reported_kv_tokens_per_dp_rank=smallest,
             max_active_programs_per_target=self._count_guard,
             advice=(
-                "admission uses only the Program-count guard; set token_capacity_per_dp_rank "
-                "(or run progrouter calibrate) for token-based admission, growth reserve and capacity repair"
+                'admission uses only the Program-count guard; set token_capacity_per_dp_rank ("auto" '
+                "follows each Rank's reported size; or run progrouter calibrate) for token-based admission, "
+                "growth reserve and capacity repair"
             ),
         )

@@ -19,7 +19,7 @@ from typing import TypeVar
 import aiohttp
 
 from progrouter.observe.capacity_hint import CapacityHint
-from progrouter.observe.vllm_metrics import observations_for_targets, parse_vllm_metrics
+from progrouter.observe.vllm_metrics import kv_capacities, observations_for_targets, parse_vllm_metrics
 from progrouter.program import BackendObservation
 from progrouter.routing.target import Target
 
@@ -42,9 +42,11 @@ class MetricsScraper:
         api_key: str | None = None,
         timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS,
         capacity_hint: CapacityHint | None = None,  # reads each page too (only when capacity is unset)
+        kv_sizes: bool = False,  # token_capacity_per_dp_rank "auto": observations carry each Rank's KV size
     ) -> None:
         self._session = session
         self._capacity_hint = capacity_hint
+        self._kv_sizes = kv_sizes
         self._headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._failing: dict[str, str] = {}  # base_url -> last error logged at WARN
@@ -85,7 +87,7 @@ class MetricsScraper:
             self._capacity_hint.saw(base_url, text, targets)
         if self._failing.pop(base_url, None) is not None:
             log.info("%s base_url=%s", RECOVERED_MESSAGE, base_url, extra={"base_url": base_url})
-        return observations_for_targets(targets, parsed)
+        return observations_for_targets(targets, parsed, kv_capacities(text) if self._kv_sizes else None)
 
     def _failed(self, base_url: str, error: str) -> None:
         repeated = self._failing.get(base_url) == error

@@ -9,14 +9,15 @@ the scheduler falls back to its own ledger.
 Parsing uses ``prometheus_client``'s parser on the lines of these families only, so a large exposition (vLLM
 exports many histograms) costs a line scan, not a full parse.
 
-``kv_capacities`` reads a fourth family, ``vllm:cache_config_info``, for what scheduling is not told:
-the KV size of a Rank (``progrouter calibrate`` writes it into a config; the router names it when unset).
+``kv_capacities`` reads a fourth family, ``vllm:cache_config_info``: the KV size of a Rank (``progrouter
+calibrate`` writes it into a config; the router names it when unset, and follows it under ``"auto"``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,10 +68,19 @@ def parse_vllm_metrics(text: str) -> dict[int, BackendObservation]:
 
 
 def observations_for_targets(
-    targets: Sequence[Target], parsed: Mapping[int, BackendObservation]
+    targets: Sequence[Target],
+    parsed: Mapping[int, BackendObservation],
+    kv_sizes: Mapping[int, int] | None = None,
 ) -> dict[str, BackendObservation]:
-    """Map engine observations to the targets (Ranks) of one worker URL, keyed by target id."""
-    return {t.id: parsed[t.rank] for t in targets if t.rank in parsed}
+    """Map engine observations to the targets (Ranks) of one worker URL, keyed by target id; with
+    ``kv_sizes`` (``kv_capacities`` of the same page) each carries its Rank's KV size when reported."""
+    if not kv_sizes:
+        return {t.id: parsed[t.rank] for t in targets if t.rank in parsed}
+    return {
+        t.id: replace(parsed[t.rank], kv_capacity_tokens=kv_sizes.get(t.rank))
+        for t in targets
+        if t.rank in parsed
+    }
 
 
 def kv_capacities(text: str) -> dict[int, int]:

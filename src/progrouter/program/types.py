@@ -111,3 +111,4 @@ class BackendObservation:
     running: int
     waiting: int
     extra: dict[str, float] = field(default_factory=dict)
+    kv_capacity_tokens: int | None = None  # the Rank's KV size (vllm:cache_config_info), when on the page

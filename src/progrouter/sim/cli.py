@@ -1,12 +1,14 @@
 """`progrouter simulate`: replay a trace under each routing arm in virtual time and compare them.
 
     progrouter simulate --generate coding --tasks 16 --ranks 2 --num-blocks 1024 --block-size 64 \\
-        --arms native,program,oracle --program-config '{"token_capacity_per_dp_rank": "kv"}' --out sim-report
+        --arms native,program,oracle --program-config '{"token_capacity_per_dp_rank": "auto"}' \\
+        --out sim-report
 
-``"kv"`` as ``token_capacity_per_dp_rank`` stands for the Ranks' KV size in tokens (``--num-blocks`` ×
-block size). ``--max-concurrent-tasks N`` runs at most N tasks at once, as ``progrouter replay`` does.
-``--variant NAME=JSON`` adds a Program arm whose config is ``--program-config`` with JSON on
-top; ``--hint`` / ``--variant-hint NAME=HINT`` make the agents send ``kv_retention_ttl_seconds``.
+``"auto"`` as ``token_capacity_per_dp_rank`` is each Rank's KV size in tokens as its engine reports it
+(``--num-blocks`` × block size), as live. ``--max-concurrent-tasks N`` runs at most N tasks at once, as
+``progrouter replay`` does. ``--variant NAME=JSON`` adds a Program arm whose config is ``--program-config``
+with JSON on top; ``--hint`` / ``--variant-hint NAME=HINT`` make the agents send
+``kv_retention_ttl_seconds``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from progrouter.workload.trace_cli import (
 )
 
 DEFAULT_ARMS = "native,program,oracle"
-KV_CAPACITY = "kv"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--program-config",
         default=None,
-        help='ProgramSchedulingConfig JSON of the Program arms; "token_capacity_per_dp_rank": "kv" means '
-        "the Rank's KV tokens (default: {token_capacity_per_dp_rank: kv, global_queue: true})",
+        help='ProgramSchedulingConfig JSON of the Program arms; "token_capacity_per_dp_rank": "auto" means '
+        "each Rank's KV tokens, as live (default: {token_capacity_per_dp_rank: <the Rank's KV tokens>, "
+        "global_queue: true})",
     )
     parser.add_argument(
         "--variant",
@@ -164,12 +166,6 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     return data
 
 
-def _with_capacity(config: dict[str, Any], fleet: FleetSpec) -> dict[str, Any]:
-    if config.get("token_capacity_per_dp_rank") == KV_CAPACITY:
-        return {**config, "token_capacity_per_dp_rank": fleet.capacity_tokens}
-    return config
-
-
 def _pairs(items: list[str], what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -184,7 +180,7 @@ def arms_from_args(args: argparse.Namespace, fleet: FleetSpec) -> tuple[list[Sim
     if args.program_config is None:
         base = default_program_config(fleet.capacity_tokens)
     else:
-        base = _with_capacity(_json_object(args.program_config, "--program-config"), fleet)
+        base = _json_object(args.program_config, "--program-config")
     if args.engine_profile:
         base = with_cost_models(base, fleet.prefill_cost_model, fleet.decode_throughput_model)
     hint = parse_hint(args.hint)
@@ -197,7 +193,7 @@ def arms_from_args(args: argparse.Namespace, fleet: FleetSpec) -> tuple[list[Sim
         if name not in variants:
             arms.append(standard_arm(name, base, hints.get(name, hint)))
     for name, text in variants.items():
-        overrides = _with_capacity(_json_object(text, f"--variant {name}"), fleet)
+        overrides = _json_object(text, f"--variant {name}")
         arms.append(variant_arm(name, base, overrides, hints.get(name, hint)))
     names = [a.name for a in arms]
     if len(set(names)) != len(names):

@@ -157,10 +157,12 @@ class SimRank:
             self._clock.soon(when, self._step)
 
     def observation(self) -> BackendObservation:
-        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run goes on)."""
+        """What ``/metrics`` would show now: the KV the steps begun so far hold (a pending run goes on), and
+        the Rank's KV size (``vllm:cache_config_info``)."""
         core, run = self.core, self._run
         usage = core.kv_cache_usage() if run is None else core.plain_run_usage(run, self._clock.now)
-        return BackendObservation(usage, core.num_running, core.num_waiting)
+        size = core.config.num_blocks * core.config.block_size
+        return BackendObservation(usage, core.num_running, core.num_waiting, kv_capacity_tokens=size)
 
 
 def build_fleet(

@@ -9,7 +9,8 @@ are observed on the same interval once Program traffic exists.
 
 Where it differs from the live gate, on purpose: the prompt-size estimate is the trace's exact input tokens
 (the live gate learns a tokens-per-byte coefficient), and a scrape takes no time (``begin_observation`` and
-``apply_observations`` happen at the same instant).
+``apply_observations`` happen at the same instant), and each Rank's KV size is known from the start (under
+``"token_capacity_per_dp_rank": "auto"``; live, the first scrape after Program traffic begins reports it).
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ class ProgramRouter:
     # ------------------------------------------------------------------------------------------ driving
     def start(self, now: float) -> None:
         self.scheduler.set_targets(MODEL_POOL, self.targets, now)
+        for target_id, observation in self._observe(self.targets).items():  # each worker's KV size, at join
+            if observation.kv_capacity_tokens is not None:
+                self.scheduler.report_kv_capacity(now, target_id, observation.kv_capacity_tokens)
         self.driver.start(now)
         self._clock.at(self.driver.next_tick, self._periodic)
 

@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from progrouter.config import ProgramSchedulingConfig
+from progrouter.program.core.rank_capacity import watermark_tokens
 from progrouter.program.formulas.batch_gain import BatchGainEstimate, BatchGainRank, rank_batch_gain
 from progrouter.program.formulas.growth import growth_reserve, target_rounds
 
@@ -64,6 +65,7 @@ class RankView:
         "_reserve",
         "_target_rounds",
         "active",
+        "capacity",
         "config",
         "count_fits",
         "factors",
@@ -84,8 +86,10 @@ class RankView:
         factors: RankFactors | None,
         observation: BackendObservation | None,
         used: float,
+        capacity: int | None,
     ) -> None:
-        """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage."""
+        """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage;
+        ``capacity``: its token capacity in force (``CapacityLedger.capacity``; None: the count guard)."""
         self.config = config
         self.target_id = target_id
         self._rank = rank
@@ -98,8 +102,8 @@ class RankView:
         self.count_fits = count_fits(active, config)
         self.overflow_busy = rank.overflow is not None
         self.used = used
-        capacity = config.token_capacity_per_dp_rank
-        self.low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
+        self.capacity = capacity
+        self.low_tokens = watermark_tokens(capacity, config.low_watermark_ratio)
         self._target_rounds: int | None = None
         self._reserve: float | None = None
         self._demand_limit: float | None = None
@@ -207,6 +211,7 @@ class RankView:
             batch = self._batch = rank_batch_gain(
                 self.config,
                 self.factors,
+                low_watermark_tokens=self.low_tokens,
                 batch_size_before=len(rank.reasoning),
                 context_tokens_before=rank.reasoning_context,
                 used_tokens=self.used,
@@ -275,6 +280,7 @@ class AdmissionPlan(NamedTuple):
     used: float
     required: int
     reserve: float
+    capacity: int | None  # the Rank's token capacity in force (None: the count guard alone)
 
 
 def uncached_tokens(program: Program) -> int:
@@ -323,5 +329,5 @@ def _admission(
 ) -> AdmissionPlan:
     """The plan to admit a candidate of demand ``required`` on the view's Rank as it stands."""
     return AdmissionPlan(
-        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve
+        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve, view.capacity
     )

@@ -7,7 +7,8 @@ the *home*: admission, resume and migration decide separately. Five strategies:
   identity's placement hash key, so a Program and plain requests of the same session meet on one Rank;
 - ``program_round_robin``: a per-pool counter over the sorted Ranks;
 - ``least_program_count``: fewest accounted Programs (Active, or Paused and waiting), then the smaller id;
-- ``reasoning_token_balance``: most capacity left after the accounted Programs' private tokens;
+- ``reasoning_token_balance``: most capacity left after the accounted Programs' private tokens (a Rank of
+  unknown size under ``"auto"`` counts as capacity 0: one with room left is preferred to it);
 - ``cache_aware``: the router's prefix tree weighted by KV pressure, among the Ranks that could admit the
   Program right now (all of them if none could). Pending cold Programs count toward pressure, so a cold
   burst spreads.
@@ -38,6 +39,7 @@ class BindingCandidate:
     target_id: str
     accounted_programs: int
     accounted_tokens: int
+    capacity_tokens: int | None  # the Rank's token capacity in force (None: the count guard alone)
     kv_pressure: float
     immediately_admissible: bool
 
@@ -80,7 +82,6 @@ class Binder:
         placement_hash_key: str,
         routing_text: str | None,
         candidates: Callable[[], list[BindingCandidate]],
-        capacity_tokens: int | None,
     ) -> str:
         """The home Rank among ``target_ids`` (sorted, non-empty)."""
         if len(target_ids) == 1:
@@ -99,8 +100,9 @@ class Binder:
         if strategy is BindingStrategy.LEAST_PROGRAM_COUNT:
             return min(facts, key=lambda c: (c.accounted_programs, c.target_id)).target_id
         if strategy is BindingStrategy.REASONING_TOKEN_BALANCE:
-            capacity = capacity_tokens or 0
-            return min(facts, key=lambda c: (-(capacity - c.accounted_tokens), c.target_id)).target_id
+            return min(
+                facts, key=lambda c: (-((c.capacity_tokens or 0) - c.accounted_tokens), c.target_id)
+            ).target_id
         admissible = [c for c in facts if c.immediately_admissible] or facts
         assert self.cache_index is not None
         return self.cache_index.choose_initial(
@@ -125,11 +127,11 @@ def binding_candidates(
 ) -> list[BindingCandidate]:
     """Per-Rank facts for the load-aware strategies over ``target_ids`` (a pool's): O(queued Programs of the
     pool), once per generation."""
-    capacity = config.token_capacity_per_dp_rank
     decode_buffer = config.decode_buffer_tokens
     out = []
     for target_id in target_ids:
         view = views.of(target_id, now)
+        capacity = view.capacity
         queue = queues.get(target_id)
         queued = (
             []
@@ -143,6 +145,7 @@ def binding_candidates(
                 target_id=target_id,
                 accounted_programs=view.active + len(queued),
                 accounted_tokens=ledger.ledger_tokens(target_id) + sum(t for _, t in queued),
+                capacity_tokens=capacity,
                 kv_pressure=pressure,
                 # admission's count guard and immediate token check, with upstream's binding demand
                 immediately_admissible=view.count_fits

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from progrouter.program.core.demand import program_private_tokens
 from progrouter.program.core.ledger import RankAccount
 from progrouter.program.core.lifecycle import future_relief
+from progrouter.program.core.rank_capacity import watermark_tokens
 from progrouter.program.core.state import ProgramState, ProgramStatus
 from progrouter.program.formulas.accounting import CapacityAccountingSource, observation_fresh
 from progrouter.program.formulas.ttl_fit import fitted_acting_ttl_for_rank
@@ -89,7 +90,6 @@ class Diagnostics:
         "_keeper",
         "_ledger",
         "_lineage",
-        "_low_tokens",
         "_observer",
         "_pool",
         "_queues",
@@ -123,8 +123,6 @@ class Diagnostics:
         self._lineage = lineage
         self._keeper = keeper
         self._residency = residency
-        capacity = config.token_capacity_per_dp_rank
-        self._low_tokens = None if capacity is None else capacity * config.low_watermark_ratio
 
     def report_accounting_sources(
         self,
@@ -167,6 +165,7 @@ class Diagnostics:
             observer.gauge("rank_active_programs", rank.active_count, target=target_id)
             fresh = self._ledger.fresh_observation(target_id, now) is not None
             observer.gauge("capacity_observation_fresh", 1.0 if fresh else 0.0, target=target_id)
+            observer.gauge("token_capacity_tokens", self._ledger.capacity(target_id) or 0, target=target_id)
             factors = self._stats.get(target_id)
             if factors is None:
                 continue
@@ -223,7 +222,8 @@ class Diagnostics:
         ledger = self._ledger
         account = ledger.accounts.get(target_id) or RankAccount()
         rank = self._table.peek_rank(target_id)
-        capacity = config.token_capacity_per_dp_rank
+        capacity = ledger.capacity(target_id)
+        low_tokens = watermark_tokens(capacity, config.low_watermark_ratio)
         used = ledger.usage(target_id, now)
         observation = account.observation
         age = ledger.observation_age(target_id, now)
@@ -237,9 +237,11 @@ class Diagnostics:
             "target_id": target_id,
             "base_url": target.base_url,
             "dp_rank": target.dp_rank,
-            "configured_token_capacity": capacity,
+            "configured_token_capacity": config.token_capacity_per_dp_rank,
+            "token_capacity": capacity,
+            "token_capacity_source": ledger.capacity_source(target_id).value,
             "router_estimated_used_tokens": used,
-            "router_estimated_headroom_tokens": None if self._low_tokens is None else self._low_tokens - used,
+            "router_estimated_headroom_tokens": None if low_tokens is None else low_tokens - used,
             "router_ledger_tokens": account.ledger_tokens,
             "vllm_usage_scaled_tokens": native,
             "observed_active_reasoning_tokens": account.est_reasoning_tokens,

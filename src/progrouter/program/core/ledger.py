@@ -7,14 +7,19 @@ scraped by a shell: ``begin_observation`` checkpoints each Rank's ledger delta b
 ``apply_observations`` rebases the delta on the checkpoint, so capacity committed while the scrape was in
 flight is kept (capacity 1000, usage 0.5, +50 after the checkpoint → 550). A fresh observation with a token
 estimate wins; otherwise the ledger is used, and the ``capacity_accounting_source`` says why.
+
+The ledger also answers each Rank's token capacity (``capacity``): the configured one, or under ``"auto"`` the
+KV size the Rank's observations carry (``rank_capacity``). A changed size puts the Rank on the agenda, so
+capacity repair and admission see it at once (a shrink below use is repaired like any overfull Rank).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from progrouter.program.core.rank_capacity import RankCapacities, TokenCapacitySource
 from progrouter.program.formulas.accounting import (
     OBSERVATION_FRESHNESS_INTERVALS,
     CapacityAccountingSource,
@@ -68,8 +73,10 @@ class RankAccount:
 class CapacityLedger:
     """Per-Rank accounts. Every change puts the Rank on the agenda so scheduling re-examines it."""
 
-    def __init__(self, capacity_tokens: int | None, metrics_interval_seconds: float, agenda: Agenda) -> None:
-        self.capacity_tokens = capacity_tokens
+    def __init__(
+        self, capacity_setting: int | Literal["auto"] | None, metrics_interval_seconds: float, agenda: Agenda
+    ) -> None:
+        self.capacities = RankCapacities(capacity_setting)
         self.metrics_interval_seconds = metrics_interval_seconds
         self.freshness_seconds = OBSERVATION_FRESHNESS_INTERVALS * metrics_interval_seconds
         self.accounts: dict[str, RankAccount] = {}
@@ -84,8 +91,27 @@ class CapacityLedger:
         return account
 
     def forget(self, target_id: str) -> None:
-        """Drop a removed Rank's account and observation (its Programs were discharged already)."""
+        """Drop a removed Rank's account, observation and reported size (its Programs were discharged
+        already)."""
         self.accounts.pop(target_id, None)
+        self.capacities.forget(target_id)
+
+    # ------------------------------------------------------------------------------------------ capacity
+    def capacity(self, target_id: str) -> int | None:
+        """The Rank's token capacity in force; None: the Program-count guard alone. Every formula that
+        needs C reads it here."""
+        return self.capacities.of(target_id)
+
+    def capacity_source(self, target_id: str) -> TokenCapacitySource:
+        return self.capacities.source(target_id)
+
+    def report_capacity(self, target_id: str, tokens: int) -> bool:
+        """The Rank's vLLM reports a KV size; whether the capacity in force changed (the Rank then goes on
+        the agenda for repair and admission). A Rank without an account (not live) is ignored."""
+        if target_id not in self.accounts or not self.capacities.report(target_id, tokens):
+            return False
+        self._agenda.capacity_changed(target_id)
+        return True
 
     @property
     def revision(self) -> int:
@@ -218,7 +244,7 @@ class CapacityLedger:
             account = self.accounts.get(target_id)
             if checkpoint is None or account is None:
                 continue
-            capacity = self.capacity_tokens
+            capacity = self.capacities.of(target_id)
             account.observation = observation
             account.observed_at = now
             account.checkpoint = checkpoint

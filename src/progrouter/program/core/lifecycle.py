@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from progrouter.program.core.demand import program_private_tokens, required_tokens
 from progrouter.program.core.factors import ContinuitySample, RequestSample
+from progrouter.program.core.rank_capacity import watermark_tokens
 from progrouter.program.core.records import (
     ActingTTL,
     Completions,
@@ -99,15 +100,15 @@ def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -
 
 
 def shared_prefix_lifetime(
-    config: ProgramSchedulingConfig, factors: RankFactors | None, active_reasoning: int
+    config: ProgramSchedulingConfig, factors: RankFactors | None, active_reasoning: int, capacity: int | None
 ) -> float:
-    """How long one shared-prefix observation stays credible on a Rank (§3.15)."""
+    """How long one shared-prefix observation stays credible on a Rank (§3.15) of token ``capacity``."""
     if factors is None:
         return config.shared_prefix_freshness_warmup_seconds
     return shared_prefix_freshness_seconds(
         config.shared_prefix_freshness_warmup_seconds,
         config.shared_prefix_freshness_kv_turnovers,
-        config.token_capacity_per_dp_rank,
+        capacity,
         factors.average_e2e_seconds(),
         active_reasoning,
         factors.average_uncached_prompt_tokens(),
@@ -358,7 +359,10 @@ class Lifecycle:
         if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
             return
         lifetime = shared_prefix_lifetime(
-            self._config, self._stats.get(target), len(self._table.ranks[target].reasoning)
+            self._config,
+            self._stats.get(target),
+            len(self._table.ranks[target].reasoning),
+            self._ledger.capacity(target),
         )
         # Missing cached usage is no evidence of a shared prefix: it observes 0.
         program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
@@ -543,7 +547,7 @@ class CapacityRepair:
     """Capacity repair of one Rank (§3.12): its projected usage against the watermarks, then pauses (through
     the ``Lifecycle``) and marks (the table's)."""
 
-    __slots__ = ("_config", "_high", "_ledger", "_lifecycle", "_low", "_stats", "_table", "_telemetry")
+    __slots__ = ("_config", "_ledger", "_lifecycle", "_stats", "_table", "_telemetry")
 
     def __init__(
         self,
@@ -560,13 +564,13 @@ class CapacityRepair:
         self._ledger = ledger
         self._stats = stats
         self._lifecycle = lifecycle
-        capacity = config.token_capacity_per_dp_rank
-        self._low = None if capacity is None else capacity * config.low_watermark_ratio
-        self._high = None if capacity is None else capacity * config.high_watermark_ratio
 
     def repair(self, target_id: str, now: float) -> None:
-        """Above the high watermark, pause idle Acting Programs and mark Reasoning ones by score."""
-        high, low = self._high, self._low
+        """Above the high watermark, pause idle Acting Programs and mark Reasoning ones by score (the Rank's
+        capacity in force: a size that shrank below use is repaired here like any overfull Rank)."""
+        capacity, config = self._ledger.capacity(target_id), self._config
+        high = watermark_tokens(capacity, config.high_watermark_ratio)
+        low = watermark_tokens(capacity, config.low_watermark_ratio)
         if high is None or low is None:
             return
         rank = self._table.ranks[target_id]

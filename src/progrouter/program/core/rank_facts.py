@@ -35,4 +35,5 @@ class RankViews:
             self._stats.get(target_id),
             observation,
             used,
+            self._ledger.capacity(target_id),
         )

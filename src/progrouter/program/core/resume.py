@@ -190,7 +190,7 @@ class Resumer:
             used_tokens=plan.used,
             required_tokens=plan.required,
             reserve_tokens=plan.reserve,
-            capacity_tokens=self._config.token_capacity_per_dp_rank,
+            capacity_tokens=plan.capacity,
         )
         if not self._config.binding_only:
             self._admission_histograms(plan, now)
@@ -205,7 +205,7 @@ class Resumer:
         observer.histogram("admission_used_tokens", plan.used, target=target)
         observer.histogram("admission_required_tokens", plan.required, target=target)
         observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
-        capacity = self._config.token_capacity_per_dp_rank
+        capacity = plan.capacity
         if capacity is not None:
             observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=target)
             projected = (plan.used + plan.required + plan.reserve) / capacity
@@ -418,7 +418,7 @@ def _hopeless(view: RankView, now: float) -> Callable[[int, int, float], bool]:
 
 
 def _pressure(config: ProgramSchedulingConfig, admission: AdmissionPlan) -> float:
-    capacity = config.token_capacity_per_dp_rank
+    capacity = admission.capacity
     if capacity is None:
         return (admission.active + 1) / config.max_active_programs_per_target
     return (admission.used + admission.required + admission.reserve) / capacity

@@ -142,7 +142,9 @@ class ProgramScheduler:
             config, telemetry, table, pool, ledger, fleet, binder, outbox
         )
         gate = (
-            None if config.cross_rank_gate is CrossRankGate.SPEC else RecomputeCostGate(config, stats, table)
+            None
+            if config.cross_rank_gate is CrossRankGate.SPEC
+            else RecomputeCostGate(config, stats, table, ledger)
         )
         self._resumer = Resumer(
             config,
@@ -274,7 +276,6 @@ class ProgramScheduler:
                 context_tokens,
                 now,
             ),
-            self.config.token_capacity_per_dp_rank,
         )
 
     def tracked_targets(self) -> list[Target]:
@@ -452,6 +453,9 @@ class ProgramScheduler:
             )
             return
         self._advance(now)
+        for target_id, observed in observations.items():
+            if observed.kv_capacity_tokens is not None:
+                self._report_capacity(target_id, observed.kv_capacity_tokens)
         stale_at = now + ledger.freshness_seconds + STALE_MARGIN_SECONDS
         for target_id in ledger.apply(now, epoch, observations):
             self._timers.add(stale_at, OBSERVATION_STALE, target_id)
@@ -470,6 +474,21 @@ class ProgramScheduler:
                     delta_since_checkpoint=account.delta,
                 )
         self._decide(now)
+
+    def report_kv_capacity(self, now: float, target_id: str, tokens: int) -> None:
+        """A live Rank's vLLM reports its KV size outside a scrape (a worker known at join: the simulator);
+        under ``"auto"`` it becomes the Rank's token capacity, as a scrape's ``kv_capacity_tokens`` does."""
+        self._advance(now)
+        self._report_capacity(target_id, tokens)
+        self._decide(now)
+
+    def _report_capacity(self, target_id: str, tokens: int) -> None:
+        ledger = self._ledger
+        previous = ledger.capacity(target_id)
+        if ledger.report_capacity(target_id, tokens):
+            self._observer.event(
+                "info", "token_capacity_reported", target=target_id, tokens=tokens, previous=previous
+            )
 
     def observe_residency(self, now: float, reports: Mapping[tuple[str, str], Report]) -> None:
         """``residency_aware``: per (model pool, Program id), its last prompt's full-block tokens and how many

@@ -198,19 +198,20 @@ def rank_batch_gain(
     config: ProgramSchedulingConfig,
     factors: RankFactors | None,
     *,
+    low_watermark_tokens: float | None,
     batch_size_before: int,
     context_tokens_before: int,
     used_tokens: float,
     protected_remaining_rounds: Sequence[float],
     protected_cache_miss_impacts: Sequence[float],
 ) -> BatchGainRank:
-    """``batch_gain_rank`` with the config and the Rank's rolling statistics filled in."""
-    capacity = config.token_capacity_per_dp_rank
+    """``batch_gain_rank`` with the config and the Rank's rolling statistics filled in
+    (``low_watermark_tokens``: the Rank's C × low watermark, None without token capacity)."""
     return batch_gain_rank(
         decode_model=config.decode_throughput_model,
         prefill_model=config.prefill_cost_model,
         enabled=config.enable_batch_gain_admission,
-        low_watermark_tokens=None if capacity is None else capacity * config.low_watermark_ratio,
+        low_watermark_tokens=low_watermark_tokens,
         request_window_complete=factors is not None and factors.request_window_complete(),
         batch_size_before=batch_size_before,
         context_tokens_before=context_tokens_before,

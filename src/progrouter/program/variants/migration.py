@@ -20,6 +20,7 @@ from progrouter.program.formulas.freshness import shared_prefix_freshness_second
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.state import Program
     from progrouter.program.core.table import ProgramTable
 
@@ -32,17 +33,22 @@ def move_pays(
 
 
 def kv_turnover_seconds(
-    config: ProgramSchedulingConfig, stats: RankStats, table: ProgramTable, target_id: str
+    config: ProgramSchedulingConfig,
+    stats: RankStats,
+    table: ProgramTable,
+    target_id: str,
+    capacity: int | None,
 ) -> float:
     """One KV turnover of a Rank: capacity × mean e2e / Reasoning Programs / mean uncached prompt (the
-    shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature)."""
+    shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature).
+    ``capacity``: the Rank's token capacity in force."""
     factors = stats.get(target_id)
     if factors is None:
         return config.shared_prefix_freshness_warmup_seconds
     return shared_prefix_freshness_seconds(
         config.shared_prefix_freshness_warmup_seconds,
         1.0,
-        config.token_capacity_per_dp_rank,
+        capacity,
         factors.average_e2e_seconds(),
         len(table.ranks[target_id].reasoning),
         factors.average_uncached_prompt_tokens(),
@@ -55,20 +61,23 @@ class RecomputeCostGate:
     gone or its wait already exceeds the recompute (``move_pays``). Under the spec's gate the cross-Rank
     pass asks no gate at all."""
 
-    __slots__ = ("_config", "_stats", "_table")
+    __slots__ = ("_config", "_ledger", "_stats", "_table")
 
-    def __init__(self, config: ProgramSchedulingConfig, stats: RankStats, table: ProgramTable) -> None:
-        self._config, self._stats, self._table = config, stats, table
+    def __init__(
+        self, config: ProgramSchedulingConfig, stats: RankStats, table: ProgramTable, ledger: CapacityLedger
+    ) -> None:
+        self._config, self._stats, self._table, self._ledger = config, stats, table, ledger
 
     def may_move(self, program: Program, waited_seconds: float, now: float) -> bool:
         """Whether the cross-Rank pass may consider ``program``."""
-        return may_move(self._config, self._stats, self._table, program, waited_seconds, now)
+        return may_move(self._config, self._stats, self._table, self._ledger, program, waited_seconds, now)
 
 
 def may_move(
     config: ProgramSchedulingConfig,
     stats: RankStats,
     table: ProgramTable,
+    ledger: CapacityLedger,
     program: Program,
     waited_seconds: float,
     now: float,
@@ -81,5 +90,5 @@ def may_move(
         waited_seconds=waited_seconds,
         paused_seconds=now - pause.at,
         recompute_seconds=program.last_cache_miss_impact_seconds,
-        turnover_seconds=kv_turnover_seconds(config, stats, table, source),
+        turnover_seconds=kv_turnover_seconds(config, stats, table, source, ledger.capacity(source)),
     )

@@ -28,7 +28,7 @@ def _rank(entry: dict[str, Any]) -> dict[str, Any]:
         "target_id": entry["target_id"],
         "base_url": entry["base_url"],
         "dp_rank": entry["dp_rank"],
-        "capacity_tokens": entry["configured_token_capacity"],
+        "capacity_tokens": entry["token_capacity"],
         "used_tokens": entry["router_estimated_used_tokens"],
         "ledger_tokens": entry["router_ledger_tokens"],
         "vllm_used_tokens": entry["vllm_usage_scaled_tokens"],

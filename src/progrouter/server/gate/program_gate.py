@@ -38,7 +38,7 @@ from progrouter.agents.driver import ProgramDriver
 from progrouter.agents.identity import extract_identity
 from progrouter.agents.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.agents.usage import SseUsageAccumulator, merge_json_usage
-from progrouter.config import BindingStrategy, ProgramSchedulingConfig, RouterConfig
+from progrouter.config import AUTO_TOKEN_CAPACITY, BindingStrategy, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
 from progrouter.program import (
@@ -176,7 +176,12 @@ class ProgramGate:
         hint = None
         if program.token_capacity_per_dp_rank is None and not program.binding_only:
             hint = CapacityHint(self.observer, program.max_active_programs_per_target)  # names vLLM's KV size
-        self._scraper = MetricsScraper(session, api_key=config.api_key, capacity_hint=hint)
+        self._scraper = MetricsScraper(
+            session,
+            api_key=config.api_key,
+            capacity_hint=hint,
+            kv_sizes=program.token_capacity_per_dp_rank == AUTO_TOKEN_CAPACITY,
+        )
         self._keep_text = program.binding_strategy is BindingStrategy.CACHE_AWARE
         self._targets: list[Target] = []
         self._pools: set[str] = set()

@@ -104,6 +104,9 @@ METRICS: Mapping[str, MetricSpec] = {
     "capacity_observation_fresh": MetricSpec(
         "gauge", "Whether backend capacity accounting is fresh and usable by target", _T
     ),
+    "token_capacity_tokens": MetricSpec(
+        "gauge", "Token capacity in force by target (0: none, the Program-count guard alone)", _T
+    ),
     "token_estimate_coefficient": MetricSpec(
         "gauge", "Current prompt tokens-per-byte coefficient by model pool and endpoint", _POOL
     ),

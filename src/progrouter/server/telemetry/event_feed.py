@@ -19,6 +19,7 @@ SHOWN: Mapping[str, tuple[str, ...]] = {
     "capacity_observation_fallback": ("target", "source", "observation_age_seconds"),
     "capacity_observation_recovered": ("target", "source"),
     "token_capacity_unset": ("base_url", "reported_kv_tokens_per_dp_rank", "max_active_programs_per_target"),
+    "token_capacity_reported": ("target", "tokens", "previous"),
 }
 # Transition reasons that no event above already reports.
 SHOWN_TRANSITIONS = frozenset({"cross_rank_resume", "health_failover", "paused_retention_release"})
