@@ -7,7 +7,7 @@ connection and the answer is parsed as it arrives, by a small parser for what a 
 a ``Content-Length``, chunked or read-until-close body. The body is handed on chunk by chunk as it arrives
 (SSE), with reading paused while too much of it waits. A connection goes back to its pool only when its
 answer was read whole and the worker kept it alive (HTTP/1.1 without ``Connection: close``); idle ones are
-closed after ``IDLE_SECONDS``.
+closed after ``IDLE_SECONDS``, and at most ``MAX_IDLE`` wait per worker.
 
 Failures, as the proxy classifies them: ``WorkerError`` when the connection is refused, reset or closed
 before the answer was whole, or the answer is not valid HTTP/1.1; ``TimeoutError`` when the request's
@@ -35,6 +35,9 @@ HIGH_WATER = 256 * 1024  # body bytes waiting for the consumer at which reading 
 # An idle connection is dropped before vLLM's server (uvicorn, 5 s keep-alive) would close it, so a request is
 # never written to a connection the worker is closing at that moment.
 IDLE_SECONDS = 4.0
+# Idle connections kept per worker: enough for a burst's worth of reuse; past it the oldest idle one closes,
+# so a burst of thousands of concurrent requests does not leave thousands of sockets open on both ends.
+MAX_IDLE = 64
 _ONE_BUFFER = 256 * 1024  # request bodies up to this size are written together with the head, as one buffer
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
@@ -397,9 +400,12 @@ class WorkerConnection(asyncio.Protocol):
 class WorkerClient:
     """Kept-alive connections to the workers, pooled per worker URL (most recently used first)."""
 
-    def __init__(self, timeout: float, *, idle_seconds: float = IDLE_SECONDS) -> None:
+    def __init__(
+        self, timeout: float, *, idle_seconds: float = IDLE_SECONDS, max_idle: int = MAX_IDLE
+    ) -> None:
         self._timeout = timeout
         self._idle_seconds = idle_seconds
+        self._max_idle = max_idle
         self._tls: ssl.SSLContext | None = None
         self._endpoints: dict[str, _Endpoint] = {}
         self._idle: dict[_Endpoint, list[WorkerConnection]] = {}
@@ -430,7 +436,10 @@ class WorkerClient:
             return
         loop = asyncio.get_running_loop()
         connection.idle_since = loop.time()
-        self._idle.setdefault(connection.endpoint, []).append(connection)
+        idle = self._idle.setdefault(connection.endpoint, [])
+        if len(idle) >= self._max_idle:
+            idle.pop(0).close()  # the oldest idle one: the most recently used are the ones handed out next
+        idle.append(connection)
         if self._sweep is None:
             self._sweep = loop.call_later(self._idle_seconds, self._close_idle)
 
