@@ -411,6 +411,15 @@ class WorkerClient:
         self._idle: dict[_Endpoint, list[WorkerConnection]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
+        # The loop, taken at the first request: ``asyncio.get_running_loop`` costs a getpid system call on
+        # CPython 3.11, and the hop called it three times per request.
+        self._running: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._running
+        if loop is None or loop.is_closed():
+            loop = self._running = asyncio.get_running_loop()
+        return loop
 
     async def request(
         self, method: str, base_url: str, path_qs: str, headers: Mapping[str, str], body: bytes
@@ -419,7 +428,7 @@ class WorkerClient:
         is in. Raises ``WorkerError`` or ``TimeoutError``; the connection is closed then."""
         endpoint = self._endpoints.get(base_url) or self._endpoint(base_url)
         head = _head(method, endpoint, path_qs, headers, len(body))
-        deadline = asyncio.get_running_loop().time() + self._timeout
+        deadline = self._loop().time() + self._timeout
         connection = self._take(endpoint) or await self._connect(endpoint, deadline)
         try:
             connection.send(head, body, deadline)
@@ -434,7 +443,7 @@ class WorkerClient:
         if self._closed:
             connection.close()
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         connection.idle_since = loop.time()
         idle = self._idle.setdefault(connection.endpoint, [])
         if len(idle) >= self._max_idle:
@@ -464,7 +473,7 @@ class WorkerClient:
         idle = self._idle.get(endpoint)
         if not idle:
             return None
-        now = asyncio.get_running_loop().time()
+        now = self._loop().time()
         while idle:
             connection = idle.pop()
             if self._fresh(connection, now):
@@ -476,7 +485,7 @@ class WorkerClient:
         return connection.reusable and now - connection.idle_since < self._idle_seconds
 
     async def _connect(self, endpoint: _Endpoint, deadline: float) -> WorkerConnection:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         try:
             async with asyncio.timeout_at(deadline):
                 _, connection = await loop.create_connection(
@@ -494,7 +503,7 @@ class WorkerClient:
 
     def _close_idle(self) -> None:
         """Close the connections idle for ``idle_seconds``; check again while some remain."""
-        now = asyncio.get_running_loop().time()
+        now = self._loop().time()
         for endpoint, idle in list(self._idle.items()):
             kept = []
             for connection in idle:
@@ -508,4 +517,4 @@ class WorkerClient:
                 del self._idle[endpoint]
         self._sweep = None
         if self._idle:
-            self._sweep = asyncio.get_running_loop().call_later(self._idle_seconds / 2, self._close_idle)
+            self._sweep = self._loop().call_later(self._idle_seconds / 2, self._close_idle)
