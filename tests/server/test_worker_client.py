@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from progrouter.server.worker_client import HIGH_WATER, WorkerClient, WorkerError
+from progrouter.server.worker_client import HIGH_WATER, MAX_HEAD, WorkerClient, WorkerError
 from support.factories import RouterFactory
 from support.loopback import serve_app
 
@@ -249,6 +249,9 @@ async def test_an_interim_answer_is_skipped_and_chunk_extensions_and_trailers_ar
     "answer",
     [
         b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/2.0 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Nul: a\0b\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (MAX_HEAD + 1) + b"\r\n\r\n",
         b"HTTP/1.1 2x0 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nX-Split: a\nInjected: b\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
