@@ -8,7 +8,10 @@ router's process-tree CPU time (user+system, from /proc) over the requests it pr
 machine says little, CPU time says what the router costs. The upstream wheel is measured when
 ``.venv-upstream/bin/vllm-router`` exists (``make upstream``). The "aiohttp floor" row is the trivial worker's
 own CPU per request under the same loads (an aiohttp server with one handler and no proxying): what any
-router served by aiohttp spends before doing anything.
+router served by aiohttp spends before doing anything. "@1" and "@32" split the CPU per request (and its ratio
+to upstream's) by concurrency. ``--burn N`` runs N CPU-burning processes for the whole bench (the figures
+"under load"); ``--gaps 0,2,10`` instead prints CPU per plain request at concurrency 1 with the client pausing
+between requests (the cost of a request that starts cold, after the router slept while others ran).
 
 ``--profile`` then runs progrouter once more with a sampling profiler on CPU time (``CpuSampler``), switched
 on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: a summary
@@ -27,6 +30,7 @@ chunk, the ratio of the sums, and each tree's CPU over upstream's in the same ch
 
     .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
     .venv/bin/python bench/overhead.py --paired ../main/src [--requests 400] [--chunks 30]
+    .venv/bin/python bench/overhead.py --gaps 0,2,10 [--requests 600]
 """
 
 from __future__ import annotations
@@ -318,6 +322,55 @@ def _paired_commands(other_src: str, worker_port: int) -> dict[str, tuple[list[s
     return commands
 
 
+async def gaps(requests: int, pauses_ms: list[float]) -> None:
+    """CPU per plain request at concurrency 1 with the client pausing between requests (``--gaps``): the
+    router then sleeps between requests while other processes run, and each request starts cold. Printed
+    for progrouter, upstream and the trivial worker (the aiohttp floor), two rounds, pauses in turn."""
+    worker_port = _free_port()
+    worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls = {FLOOR: f"http://127.0.0.1:{worker_port}/v1/chat/completions"}
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
+            for router in ["progrouter", *(["upstream"] if UPSTREAM.exists() else [])]:
+                port = _free_port()
+                argv = router_argv(router, worker_port, port)
+                cmd = argv if router == "upstream" else [sys.executable, "-m", "progrouter", *argv]
+                procs[router] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                urls[router] = f"http://127.0.0.1:{port}/v1/chat/completions"
+                await _wait_ready(session, f"http://127.0.0.1:{port}/liveness")
+                await _load(session, urls[router], "plain", 300, 1)  # warm-up
+            pids = {**{r: p.pid for r, p in procs.items()}, FLOOR: worker.pid}
+            print(f"CPU µs per plain request at c=1, the client pausing between requests; {_loadavg()}")
+            for _round in range(2):
+                for pause in pauses_ms:
+                    cells = []
+                    for router, url in urls.items():
+                        before = sum(_tree_cpu(pids[router]))
+                        for _ in range(requests):
+                            async with session.post(url, data=PLAIN, headers=_JSON) as resp:
+                                await resp.read()
+                            time.sleep(pause / 1e3)  # blocking: nothing of the client runs meanwhile
+                        cells.append(
+                            f"{router} {(sum(_tree_cpu(pids[router])) - before) / requests * 1e6:.0f}"
+                        )
+                    print(f"  pause {pause:>4g} ms: {', '.join(cells)}")
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _loadavg() -> str:
+    return f"/proc/loadavg {Path('/proc/loadavg').read_text().strip()}"
+
+
 async def paired(other_src: str, requests: int, chunks: int) -> None:
     """This tree's router against another tree's and upstream's, chunk by chunk (see the docstring)."""
     worker_port = _free_port()
@@ -568,6 +621,11 @@ def main() -> int:
     )
     parser.add_argument("--chunks", type=int, default=30, help="with --paired: how many chunks")
     parser.add_argument(
+        "--gaps",
+        metavar="MS,MS,...",
+        help="instead of the table: CPU per plain request at c=1 with the client pausing MS between requests",
+    )
+    parser.add_argument(
         "--burn",
         type=int,
         default=0,
@@ -585,7 +643,9 @@ def main() -> int:
         return 0
     import uvloop
 
-    if args.paired is not None:
+    if args.gaps is not None:
+        uvloop.run(gaps(args.requests, [float(g) for g in args.gaps.split(",")]))
+    elif args.paired is not None:
         uvloop.run(paired(args.paired, args.requests, args.chunks))
     else:
         uvloop.run(bench(args.requests, args.repeat, args.profile, args.burn))
