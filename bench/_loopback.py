@@ -10,10 +10,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
 
 def free_port() -> int:
@@ -82,3 +83,22 @@ def cpu_burners(count: int, limit: float = 3600.0) -> Iterator[None]:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=30)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def run_worker(port: int, chat: Handler) -> None:
+    """A loopback worker on uvloop: ``chat`` answers ``/v1/chat/completions``; ``/health`` and ``/v1/models``
+    answer ok (the routers' readiness and health checks)."""
+    import uvloop
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", health)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)

@@ -36,7 +36,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from _loopback import free_port, tree_cpu, wait_ready
+from _loopback import free_port, run_worker, tree_cpu, wait_ready
 from progrouter.epp.bootstrap import epp_bootstrap, round_robin_bootstrap
 from progrouter.epp.envoy import envoy_version, start_envoy
 
@@ -78,7 +78,6 @@ def program_body(i: int, stream: bool) -> bytes:
 
 def serve_worker(port: int) -> None:
     """A trivial worker: a fixed completion, JSON or SSE as asked; /health."""
-    import uvloop
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
@@ -91,14 +90,7 @@ def serve_worker(port: int) -> None:
         await response.write_eof()
         return response
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    run_worker(port, chat)
 
 
 @dataclass

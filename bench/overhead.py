@@ -53,7 +53,7 @@ from types import FrameType
 import aiohttp
 from aiohttp import web
 
-from _loopback import cpu_burners
+from _loopback import cpu_burners, run_worker
 from _loopback import free_port as _free_port
 from _loopback import tree_cpu as _tree_cpu
 from _loopback import wait_ready as _wait_ready
@@ -82,21 +82,12 @@ LOADS = {"plain": lambda _i: PLAIN, "program": program_body}
 
 def serve_worker(port: int) -> None:
     """The trivial worker: a fixed chat completion, and /health."""
-    import uvloop
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=ANSWER, content_type="application/json")
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", health)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    run_worker(port, chat)
 
 
 Frame = tuple[str, int, str]  # file, first line, qualified name

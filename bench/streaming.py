@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from _loopback import cpu_burners, free_port, tree_cpu, wait_ready
+from _loopback import cpu_burners, free_port, run_worker, tree_cpu, wait_ready
 from overhead import PROGRAMS, UPSTREAM, router_argv
 
 _MESSAGES = [{"role": "user", "content": "Count."}]
@@ -60,8 +60,6 @@ def _chunk(delta: dict[str, object], usage: dict[str, int] | None = None) -> byt
 
 def serve_worker(port: int, chunks: int, gap: float) -> None:
     """The streaming worker: ``chunks`` one-token chunks ``gap`` seconds apart, a usage chunk, ``[DONE]``."""
-    import uvloop
-
     token = _chunk({"content": "x"})
     usage = _chunk({}, {"prompt_tokens": 8, "completion_tokens": chunks, "total_tokens": 8 + chunks})
 
@@ -76,15 +74,7 @@ def serve_worker(port: int, chunks: int, gap: float) -> None:
         await stream.write_eof()
         return stream
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", health)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    run_worker(port, chat)
 
 
 async def _streams(session: aiohttp.ClientSession, url: str, load: str, streams: int, chunks: int) -> None:
@@ -142,7 +132,7 @@ async def bench(streams: int, chunks: int, gap: float) -> None:
     print(f"{'load':>8} | {'router CPU µs/chunk':>20} {'upstream':>9} {'× upstream':>10}")
     for load in LOADS:
         theirs = cpu.get(("upstream", load))
-        ratio = f"{cpu[('progrouter', load)] / theirs:>10.2f}" if theirs is not None else f"{'-':>10}"
+        ratio = f"{cpu[('progrouter', load)] / theirs:>10.2f}" if theirs else f"{'-':>10}"
         upstream = f"{theirs:>9.1f}" if theirs is not None else f"{'-':>9}"
         print(f"{load:>8} | {cpu[('progrouter', load)]:>20.1f} {upstream} {ratio}")
 
