@@ -31,11 +31,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from _loopback import free_port, tree_cpu, wait_ready
+from _loopback import free_port, run_worker, tree_cpu, wait_ready
 from progrouter.epp.bootstrap import epp_bootstrap, round_robin_bootstrap
 from progrouter.epp.envoy import envoy_version, start_envoy
 
@@ -77,7 +78,6 @@ def program_body(i: int, stream: bool) -> bytes:
 
 def serve_worker(port: int) -> None:
     """A trivial worker: a fixed completion, JSON or SSE as asked; /health."""
-    import uvloop
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
@@ -90,14 +90,7 @@ def serve_worker(port: int) -> None:
         await response.write_eof()
         return response
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    run_worker(port, chat)
 
 
 @dataclass
@@ -246,7 +239,7 @@ def summarize(runs: list[list[Row]]) -> None:
     }
     header = (
         f"{'arm':>13} {'load':>6} | {'p50 ms':>7} {'added p50':>9} | {'req/s@64':>8}"
-        f" | {'router CPU µs/req':>17} {'Envoy CPU µs/req':>16}"
+        f" | {'router CPU µs/req':>17} {'× serve':>7} {'Envoy CPU µs/req':>16}"
     )
     print(header)
     print("-" * len(header))
@@ -254,10 +247,23 @@ def summarize(runs: list[list[Row]]) -> None:
     for name, stream in keys:
         cells = [r for run in runs for r in run if (r.arm, r.stream) == (name, stream)]
         p50 = statistics.median(c.p50_ms for c in cells)
+        # Router CPU over serve's in the same run and load, the median over runs: the comparable figure.
+        ratios = [
+            mine.router_us / theirs.router_us
+            for run in runs
+            for mine in run
+            for theirs in run
+            if (mine.arm, mine.stream) == (name, stream)
+            and (theirs.arm, theirs.stream) == ("serve", stream)
+            and mine.router_us is not None
+            and theirs.router_us
+        ]
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
         print(
             f"{name:>13} {'sse' if stream else 'json':>6} | {p50:>7.2f} {p50 - direct[stream]:>9.2f}"
             f" | {statistics.median(c.rps_64 for c in cells):>8.0f}"
-            f" | {fmt([c.router_us for c in cells], '.0f'):>17} {fmt([c.envoy_us for c in cells], '.0f'):>16}"
+            f" | {fmt([c.router_us for c in cells], '.0f'):>17} {ratio:>7}"
+            f" {fmt([c.envoy_us for c in cells], '.0f'):>16}"
         )
 
 
@@ -281,7 +287,7 @@ async def bench(requests: int, repeat: int, arms: list[str]) -> None:
     print(
         f"Envoy {await envoy_version()}; Program requests ({PROGRAMS} Programs), 2 loopback workers,"
         f" {requests} requests per cell at c=1 and at c=64, {repeat} run(s), {os.cpu_count()} CPUs,"
-        f" load average {os.getloadavg()[0]:.1f}"
+        f" /proc/loadavg at the end: {Path('/proc/loadavg').read_text().strip()}"
     )
     summarize(runs)
 

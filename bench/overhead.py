@@ -8,7 +8,10 @@ router's process-tree CPU time (user+system, from /proc) over the requests it pr
 machine says little, CPU time says what the router costs. The upstream wheel is measured when
 ``.venv-upstream/bin/vllm-router`` exists (``make upstream``). The "aiohttp floor" row is the trivial worker's
 own CPU per request under the same loads (an aiohttp server with one handler and no proxying): what any
-router served by aiohttp spends before doing anything.
+router served by aiohttp spends before doing anything. "@1" and "@32" split the CPU per request (and its ratio
+to upstream's) by concurrency. ``--burn N`` runs N CPU-burning processes for the whole bench (the figures
+"under load"); ``--gaps 0,2,10`` instead prints CPU per plain request at concurrency 1 with the client pausing
+between requests (the cost of a request that starts cold, after the router slept while others ran).
 
 ``--profile`` then runs progrouter once more with a sampling profiler on CPU time (``CpuSampler``), switched
 on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: a summary
@@ -27,6 +30,7 @@ chunk, the ratio of the sums, and each tree's CPU over upstream's in the same ch
 
     .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
     .venv/bin/python bench/overhead.py --paired ../main/src [--requests 400] [--chunks 30]
+    .venv/bin/python bench/overhead.py --gaps 0,2,10 [--requests 600]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -48,6 +53,7 @@ from types import FrameType
 import aiohttp
 from aiohttp import web
 
+from _loopback import cpu_burners, run_worker
 from _loopback import free_port as _free_port
 from _loopback import tree_cpu as _tree_cpu
 from _loopback import wait_ready as _wait_ready
@@ -76,21 +82,12 @@ LOADS = {"plain": lambda _i: PLAIN, "program": program_body}
 
 def serve_worker(port: int) -> None:
     """The trivial worker: a fixed chat completion, and /health."""
-    import uvloop
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=ANSWER, content_type="application/json")
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", health)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    run_worker(port, chat)
 
 
 Frame = tuple[str, int, str]  # file, first line, qualified name
@@ -197,9 +194,11 @@ class Row:
     sys_us: float  # the system part of cpu_us: loopback TCP is charged to the sender as system time
     added_p50_ms: float
     rps_32: float
+    cpu_1_us: float  # the concurrency-1 part alone
+    cpu_32_us: float  # the concurrency-32 part alone
 
 
-def _router_argv(router: str, worker_port: int, port: int) -> list[str]:
+def router_argv(router: str, worker_port: int, port: int) -> list[str]:
     """The command line of ``router`` ("upstream", or progrouter's ``serve`` arguments)."""
     flags = [
         "--worker-urls", f"http://127.0.0.1:{worker_port}",
@@ -220,7 +219,7 @@ async def measure(
     """Start ``router``, run both loads through it (and straight to the worker), return its rows; with
     ``profile`` (a path prefix) progrouter runs sampled, one segment per load's measured part."""
     port = _free_port()
-    argv = _router_argv(router, worker_port, port)
+    argv = router_argv(router, worker_port, port)
     if router == "upstream":
         cmd = argv
     elif profile is not None:
@@ -242,6 +241,7 @@ async def measure(
                     proc.send_signal(signal.SIGUSR1)  # start this load's segment
                 cpu0 = _tree_cpu(proc.pid)
                 one = await _load(session, routed, load, requests, 1)
+                cpu_mid = sum(_tree_cpu(proc.pid))
                 many = await _load(session, routed, load, requests, 32)
                 cpu1 = _tree_cpu(proc.pid)
                 per_request = [
@@ -261,6 +261,8 @@ async def measure(
                         per_request[1],
                         one.p50_ms - directs[load].p50_ms,
                         many.rps,
+                        (cpu_mid - sum(cpu0)) / requests * 1e6,
+                        (sum(cpu1) - cpu_mid) / requests * 1e6,
                     )
                 )
     finally:
@@ -285,12 +287,14 @@ async def measure_floor(worker_pid: int, worker_port: int, requests: int) -> lis
         for load in LOADS:
             cpu0 = _tree_cpu(worker_pid)
             await _load(session, url, load, requests, 1)
+            cpu_mid = sum(_tree_cpu(worker_pid))
             many = await _load(session, url, load, requests, 32)
             cpu1 = _tree_cpu(worker_pid)
             per_request = [
                 (after - before) / (2 * requests) * 1e6 for after, before in zip(cpu1, cpu0, strict=True)
             ]
-            rows.append(Row(FLOOR, load, sum(per_request), per_request[1], 0.0, many.rps))
+            cpu_1, cpu_32 = (cpu_mid - sum(cpu0)) / requests * 1e6, (sum(cpu1) - cpu_mid) / requests * 1e6
+            rows.append(Row(FLOOR, load, sum(per_request), per_request[1], 0.0, many.rps, cpu_1, cpu_32))
     return rows
 
 
@@ -301,12 +305,61 @@ def _paired_commands(other_src: str, worker_port: int) -> dict[str, tuple[list[s
     commands = {}
     for router in routers:
         port = _free_port()
-        argv = _router_argv("upstream" if router == "upstream" else "progrouter", worker_port, port)
+        argv = router_argv("upstream" if router == "upstream" else "progrouter", worker_port, port)
         src = other_src if router == "other" else here
         cmd = argv if router == "upstream" else [sys.executable, "-m", "progrouter", *argv]
         env = {**os.environ, "PYTHONPATH": src, "PYTHONUNBUFFERED": "1"}
         commands[router] = (cmd, env, f"http://127.0.0.1:{port}/v1/chat/completions")
     return commands
+
+
+async def gaps(requests: int, pauses_ms: list[float]) -> None:
+    """CPU per plain request at concurrency 1 with the client pausing between requests (``--gaps``): the
+    router then sleeps between requests while other processes run, and each request starts cold. Printed
+    for progrouter, upstream and the trivial worker (the aiohttp floor), two rounds, pauses in turn."""
+    worker_port = _free_port()
+    worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls = {FLOOR: f"http://127.0.0.1:{worker_port}/v1/chat/completions"}
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _wait_ready(session, f"http://127.0.0.1:{worker_port}/health")
+            for router in ["progrouter", *(["upstream"] if UPSTREAM.exists() else [])]:
+                port = _free_port()
+                argv = router_argv(router, worker_port, port)
+                cmd = argv if router == "upstream" else [sys.executable, "-m", "progrouter", *argv]
+                procs[router] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                urls[router] = f"http://127.0.0.1:{port}/v1/chat/completions"
+                await _wait_ready(session, f"http://127.0.0.1:{port}/liveness")
+                await _load(session, urls[router], "plain", 300, 1)  # warm-up
+            pids = {**{r: p.pid for r, p in procs.items()}, FLOOR: worker.pid}
+            print(f"CPU µs per plain request at c=1, the client pausing between requests; {_loadavg()}")
+            for _round in range(2):
+                for pause in pauses_ms:
+                    cells = []
+                    for router, url in urls.items():
+                        before = sum(_tree_cpu(pids[router]))
+                        for _ in range(requests):
+                            async with session.post(url, data=PLAIN, headers=_JSON) as resp:
+                                await resp.read()
+                            time.sleep(pause / 1e3)  # blocking: nothing of the client runs meanwhile
+                        cells.append(
+                            f"{router} {(sum(_tree_cpu(pids[router])) - before) / requests * 1e6:.0f}"
+                        )
+                    print(f"  pause {pause:>4g} ms: {', '.join(cells)}")
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _loadavg() -> str:
+    return f"/proc/loadavg {Path('/proc/loadavg').read_text().strip()}"
 
 
 async def paired(other_src: str, requests: int, chunks: int) -> None:
@@ -450,12 +503,27 @@ def print_breakdowns(segments: dict[str, Segment], rows: list[Row], top: int) ->
         print("\n".join(breakdown(segment, top)))
 
 
+_RATIOS: tuple[tuple[Callable[[Row], float], int], ...] = (
+    (lambda r: r.cpu_us, 10),
+    (lambda r: r.cpu_1_us, 5),
+    (lambda r: r.cpu_32_us, 5),
+)
+
+
+def _ratio(pairs: list[tuple[Row, Row]], part: Callable[[Row], float], width: int) -> str:
+    """The median over runs of progrouter's ``part`` over upstream's in the same run."""
+    if not pairs:
+        return f"{'-':>{width}}"
+    return f"{statistics.median(part(mine) / part(theirs) for mine, theirs in pairs):>{width}.2f}"
+
+
 def summarize(runs: list[list[Row]]) -> None:
     """Min and median over the repeats, per router and load; "× upstream" is the median of each run's own
     CPU ratio (a shared machine inflates both routers' figures alike within one run, not across runs)."""
     keys = [(r.router, r.load) for r in runs[0]]
     header = (
-        f"{'router':>13} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6} {'× upstream':>10}"
+        f"{'router':>13} {'load':>8} | {'CPU µs/req min':>14} {'median':>7} {'(sys)':>6} {'@1':>5} {'@32':>5}"
+        f" {'× upstream':>10} {'@1':>5} {'@32':>5}"
         f" | {'added p50 ms min':>16} {'median':>7} | {'req/s@32 max':>12} {'median':>7}"
     )
     print(header)
@@ -465,24 +533,35 @@ def summarize(runs: list[list[Row]]) -> None:
         cpu = [c.cpu_us for c in cells]
         p50 = [c.added_p50_ms for c in cells]
         rps = [c.rps_32 for c in cells]
-        ratios = [
-            mine.cpu_us / theirs.cpu_us
+        pairs = [
+            (mine, theirs)
             for run in runs
             for mine in run
             for theirs in run
             if (mine.router, mine.load) == (router, load)
             and (theirs.router, theirs.load) == ("upstream", load)
         ]
-        ratio = f"{statistics.median(ratios):.2f}" if ratios and router != "upstream" else "-"
+
+        ours = router != "upstream"
+        shown = [_ratio(pairs if ours else [], part, width) for part, width in _RATIOS]
+
         print(
             f"{router:>13} {load:>8} | {min(cpu):>14.0f} {statistics.median(cpu):>7.0f}"
-            f" {statistics.median(c.sys_us for c in cells):>6.0f} {ratio:>10}"
+            f" {statistics.median(c.sys_us for c in cells):>6.0f}"
+            f" {statistics.median(c.cpu_1_us for c in cells):>5.0f}"
+            f" {statistics.median(c.cpu_32_us for c in cells):>5.0f}"
+            f" {' '.join(shown)}"
             f" | {min(p50):>16.3f} {statistics.median(p50):>7.3f}"
             f" | {max(rps):>12.0f} {statistics.median(rps):>7.0f}"
         )
 
 
-async def bench(requests: int, repeat: int, profile: str | None) -> None:
+async def bench(requests: int, repeat: int, profile: str | None, burn: int) -> None:
+    with cpu_burners(burn):
+        await _bench(requests, repeat, profile, burn)
+
+
+async def _bench(requests: int, repeat: int, profile: str | None, burn: int) -> None:
     worker_port = _free_port()
     worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
     routers = ["progrouter", *(["upstream"] if UPSTREAM.exists() else [])]
@@ -506,7 +585,8 @@ async def bench(requests: int, repeat: int, profile: str | None) -> None:
             worker.wait(timeout=30)
         print(
             f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per"
-            f" cell, {repeat} runs, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+            f" cell, {repeat} runs, {os.cpu_count()} CPUs, {burn} CPU burners, load average"
+            f" {os.getloadavg()[0]:.1f} (/proc/loadavg: {Path('/proc/loadavg').read_text().strip()})"
         )
         if not UPSTREAM.exists():
             print("(upstream not measured: `make upstream` installs .venv-upstream)")
@@ -531,6 +611,18 @@ def main() -> int:
         "--paired", metavar="OTHER_SRC", help="compare with another tree's src, chunk by chunk (see above)"
     )
     parser.add_argument("--chunks", type=int, default=30, help="with --paired: how many chunks")
+    parser.add_argument(
+        "--gaps",
+        metavar="MS,MS,...",
+        help="instead of the table: CPU per plain request at c=1 with the client pausing MS between requests",
+    )
+    parser.add_argument(
+        "--burn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes (one core each) for the whole bench: the figures under load",
+    )
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-profiled", default=None, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -542,10 +634,12 @@ def main() -> int:
         return 0
     import uvloop
 
-    if args.paired is not None:
+    if args.gaps is not None:
+        uvloop.run(gaps(args.requests, [float(g) for g in args.gaps.split(",")]))
+    elif args.paired is not None:
         uvloop.run(paired(args.paired, args.requests, args.chunks))
     else:
-        uvloop.run(bench(args.requests, args.repeat, args.profile))
+        uvloop.run(bench(args.requests, args.repeat, args.profile, args.burn))
     return 0
 
 

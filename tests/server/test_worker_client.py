@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from progrouter.server.hop.worker_client import HIGH_WATER, WorkerClient, WorkerError
+from progrouter.server.hop.worker_client import HIGH_WATER, MAX_HEAD, WorkerClient, WorkerError
 from support.factories import RouterFactory
 from support.loopback import serve_app
 
@@ -249,6 +249,9 @@ async def test_an_interim_answer_is_skipped_and_chunk_extensions_and_trailers_ar
     "answer",
     [
         b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/2.0 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Nul: a\0b\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (MAX_HEAD + 1) + b"\r\n\r\n",
         b"HTTP/1.1 2x0 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nX-Split: a\nInjected: b\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
@@ -392,3 +395,56 @@ async def test_credentials_in_the_worker_url_become_basic_auth_unless_the_reques
     await answer.read()
     answer.release()
     assert "Authorization" not in worker.heads[-1]
+
+
+async def test_the_idle_pool_keeps_at_most_max_idle_connections_per_worker() -> None:
+    """A burst of 10 concurrent requests opens 10 connections; with ``max_idle=4`` the 6 released past the
+    bound are closed (the worker sees them go), and the next burst reuses 4 and opens 6 again."""
+    burst, bound = 10, 4
+    opened = closed = arrived = 0
+    everyone = asyncio.Event()
+    gone = asyncio.Event()
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened, closed, arrived
+        opened += 1
+        try:
+            while True:
+                try:
+                    await _read_request(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return  # the client closed the connection
+                arrived += 1
+                if arrived % burst == 0:
+                    everyone.set()
+                await everyone.wait()  # answer only once the whole burst is in: it needs `burst` connections
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        finally:
+            closed += 1
+            if closed == burst - bound:
+                gone.set()
+            writer.close()
+
+    server = await asyncio.start_server(keep_alive, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = WorkerClient(timeout=30, max_idle=bound)
+
+    async def one() -> bytes:
+        answer = await pool.request("POST", url, "/", {}, BODY)
+        body = await answer.read()
+        answer.release()
+        return body
+
+    try:
+        assert await asyncio.gather(*(one() for _ in range(burst))) == [b"ok"] * burst
+        assert opened == burst
+        await asyncio.wait_for(gone.wait(), timeout=10)  # the connections past the bound were closed
+        assert closed == burst - bound
+        everyone.clear()
+        assert await asyncio.gather(*(one() for _ in range(burst))) == [b"ok"] * burst
+        assert opened == 2 * burst - bound  # the kept ones were reused, the rest opened anew
+    finally:
+        await pool.close()
+        server.close()
+        await server.wait_closed()
