@@ -56,13 +56,25 @@ class Fleet:
 
     url: str
     admin_url: str
-    engine_url: str
 
 
-async def start(make_engine: EngineFactory, make_router: RouterFactory, **program: Any) -> Fleet:
-    engine = await make_engine(data_parallel_size=2)
-    router = await make_router([engine.url], program_config(**program), intra_node_data_parallel_size=2)
-    return Fleet(router.url, router.url, engine.url)
+async def two_ranks(make_engine: EngineFactory, api: ApiName) -> tuple[list[str], int]:
+    """Two Ranks for ``api``'s sessions: the worker URLs and the DP size behind each. vLLM's Responses
+    handler ignores the ``X-data-parallel-rank`` header (so does the emulator), so a Responses Program is
+    kept on one Rank only where each Rank is a worker URL of its own — as the Codex guide deploys it."""
+    if api == "responses":
+        return [(await make_engine(data_parallel_size=1)).url for _ in range(2)], 1
+    return [(await make_engine(data_parallel_size=2)).url], 2
+
+
+async def start(
+    make_engine: EngineFactory, make_router: RouterFactory, api: ApiName | None = None, **program: Any
+) -> Fleet:
+    """The router in front of two Ranks: as ``two_ranks`` lays them out for ``api``, else one emulator
+    with two DP Ranks."""
+    urls, dp = await two_ranks(make_engine, api or "chat")
+    router = await make_router(urls, program_config(**program), intra_node_data_parallel_size=dp)
+    return Fleet(router.url, router.url)
 
 
 async def run(api: ApiName, url: str, trace: Trace) -> ReplayResult:

@@ -17,7 +17,7 @@ API = "responses"
 async def test_codex_sessions_become_programs_on_one_rank_with_cache_hits(
     make_engine: EngineFactory, make_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    fleet = await harness.start(make_engine, make_router)
+    fleet = await harness.start(make_engine, make_router, API)
     await harness.sessions_become_programs_on_one_rank_with_cache_hits(API, fleet, client)
 
 
