@@ -4,7 +4,9 @@
   bar ``stats_warmup``: warmup.py), never extended;
 - ``fixed``: ``max_acting_ttl_seconds``, never extended;
 - ``weighed`` (beyond the spec, ttl_weighing.py): the hold the waiters' weight allows, checked again every
-  ``weighed_ttl_check_seconds``.
+  ``weighed_ttl_check_seconds``;
+- ``adaptive`` (beyond the spec, adaptive_ttl.py): the same, each held second priced by the share of the Rank
+  it keeps from the waiters (ttl_pricing.py).
 
 A request's ``kv_retention_ttl_seconds`` hint overrides every policy (lifecycle's).
 """
@@ -15,10 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import ActingTTLPolicy
 from progrouter.program import ttl_weighing, warmup
+from progrouter.program.adaptive_ttl import AdaptiveTTL
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.factors import RankStats
+    from progrouter.program.ledger import CapacityLedger
     from progrouter.program.queues import RankQueues
     from progrouter.program.state import Program
 
@@ -81,9 +85,13 @@ class WeighedTTL:
         )
 
 
-def acting_ttl(config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues) -> TTLPolicy:
+def acting_ttl(
+    config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues, ledger: CapacityLedger
+) -> TTLPolicy:
     """The policy ``acting_ttl_policy`` names."""
     policy = config.acting_ttl_policy
+    if policy is ActingTTLPolicy.ADAPTIVE:
+        return AdaptiveTTL(config, stats, queues, ledger)
     if policy is ActingTTLPolicy.FIXED:
         return FixedTTL(config)
     if policy is ActingTTLPolicy.WEIGHED:

@@ -114,7 +114,7 @@ class ProgramScheduler:
             lineage,
             fleet,
             keeper,
-            acting_ttl(config, stats, queues),
+            acting_ttl(config, stats, queues, ledger),
         )
         self._repair = (
             None
