@@ -1,7 +1,8 @@
 """The adaptive acting TTL (``acting_ttl_policy: "adaptive"``, beyond the spec): each hold decided from what
 the scheduler sees now — the Rank's gap fit, the Program's cache-miss impact and context, the Rank's waiters,
 room and force-resume deadlines — by ttl_pricing.py's rule, and decided again every
-``weighed_ttl_check_seconds`` while the Program holds, up to ``weighed_ttl_max_seconds``."""
+``weighed_ttl_check_seconds`` while the Program holds, up to ``max_kv_retention_ttl_seconds`` (the longest
+hold an agent may ask for: the router holds no longer on its own)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class AdaptiveTTL:
             program.last_cache_miss_impact_seconds,
             hold_price(waiters, held, capacity, room_for_waiter=room),
             elapsed_seconds,
-            config.weighed_ttl_max_seconds,
+            config.max_kv_retention_ttl_seconds,
             deadline_due=forced_at <= now,
         )
         return min(hold, config.weighed_ttl_check_seconds)

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from progrouter.program.factors import LogNormalFit
 
 
-def hold_price(waiters: float, held_tokens: int, capacity_tokens: int | None, *, room_for_waiter: bool) -> float:
+def hold_price(
+    waiters: float, held_tokens: int, capacity_tokens: int | None, *, room_for_waiter: bool
+) -> float:
     """Waiter-seconds one held second costs: the ``waiters`` the hold keeps out times the share of the Rank
     the held context takes (the whole Rank when its capacity is not known: the weighed TTL's weight). 0
     when nobody waits or the Rank admits its smallest waiter without the held KV."""
