@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-config",
         default=None,
         help='ProgramSchedulingConfig JSON of the Program arms; "token_capacity_per_dp_rank": "kv" means '
-        "the Rank's KV tokens (default: {token_capacity_per_dp_rank: kv, global_queue: true})",
+        "the Rank's KV tokens (default: the recommended deployment, {token_capacity_per_dp_rank: kv, "
+        "global_queue: true, binding_strategy: least_program_count, acting_ttl_policy: adaptive})",
     )
     parser.add_argument(
         "--variant",

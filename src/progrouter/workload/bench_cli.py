@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-config-json",
         default=None,
         help="Program-scheduling config of the program/binding_only/upstream arms "
-        "(default: token capacity per Rank from the engines, global_queue true)",
+        "(default: the recommended deployment: token capacity per Rank from the engines, global_queue, "
+        "least_program_count binding, the adaptive acting TTL)",
     )
     parser.add_argument("--report-dir", type=Path, default=None, help="default bench-reports/<time>")
     parser.add_argument("--router-log-level", default="warning")
@@ -99,9 +100,18 @@ def _trace(args: argparse.Namespace) -> Trace:
     return t.head(args.num_tasks) if args.num_tasks else t
 
 
+#: The recommended deployment beside the Ranks' token capacity (docs/benchmarks/fleet.md: measured at every
+#: load against native routing and the unbounded-KV oracle).
+RECOMMENDED_PROGRAM_CONFIG: dict[str, Any] = {
+    "global_queue": True,
+    "binding_strategy": "least_program_count",
+    "acting_ttl_policy": "adaptive",
+}
+
+
 def default_program_config(capacity_tokens: int | None) -> dict[str, Any]:
-    """The README's first-deployment config: token capacity per Rank and the global queue."""
-    cfg: dict[str, Any] = {"global_queue": True}
+    """The recommended deployment: the Ranks' token capacity and ``RECOMMENDED_PROGRAM_CONFIG``."""
+    cfg: dict[str, Any] = dict(RECOMMENDED_PROGRAM_CONFIG)
     if capacity_tokens is not None:
         cfg["token_capacity_per_dp_rank"] = capacity_tokens
     return cfg
