@@ -63,6 +63,9 @@ TIME_FIELDS = (
     "paused_retention_ttl_seconds",
     "shared_prefix_freshness_warmup_seconds",
     "max_acting_ttl_seconds",
+    "max_kv_retention_ttl_seconds",
+    "weighed_ttl_max_seconds",
+    "weighed_ttl_check_seconds",
 )
 COST_FIELDS = {
     "prefill_cost_model": (
