@@ -67,7 +67,7 @@ def test_router_config_is_time_scaled() -> None:
     assert cfg["global_queue"] is True and cfg["token_capacity_per_dp_rank"] == 1000
     assert cfg["metrics_interval_seconds"] == pytest.approx(0.1)
     assert cfg["max_acting_ttl_seconds"] == pytest.approx(1.0)
-    # the weighed and adaptive TTLs' longest hold and check period, and the hints' cap (the replay scales hints)
+    # the weighed and adaptive TTLs' longest hold and check, and the hints' cap (the replay scales hints)
     assert cfg["max_kv_retention_ttl_seconds"] == pytest.approx(6.0)
     assert cfg["weighed_ttl_check_seconds"] == pytest.approx(0.5)
     assert cfg["weighed_ttl_max_seconds"] == pytest.approx(12.0)
