@@ -92,6 +92,7 @@ class ActingTTLPolicy(StrEnum):
     SPEC = "spec"  # the spec's fitted TTL, capped at max_acting_ttl_seconds
     WEIGHED = "weighed"  # idle seconds weighed by the work waiting for the KV, decided again while held
     FIXED = "fixed"  # every idle Active Program holds for max_acting_ttl_seconds, fit or no fit
+    ADAPTIVE = "adaptive"  # weighed, each held second priced by the Rank share it keeps from the waiters
 
 
 class CrossRankGate(StrEnum):
@@ -422,17 +423,18 @@ class ProgramSchedulingConfig(_Strict):
         default=ActingTTLPolicy.SPEC,
         description="spec: the fitted TTL capped at max_acting_ttl_seconds; weighed: idle seconds weighed "
         "by the work waiting for the KV, decided again while held; fixed: every idle Active Program holds "
-        "for max_acting_ttl_seconds",
+        "for max_acting_ttl_seconds; adaptive: weighed, each held second priced by the share of the Rank it "
+        "keeps from the waiters, no hold while a waiter's force-resume deadline is due",
         json_schema_extra=setting(beyond="spec"),
     )
     weighed_ttl_max_seconds: float = Field(
         default=120.0,
-        description="the longest hold of the weighed TTL (nobody waiting)",
+        description="the longest hold of the weighed and adaptive TTLs (nobody waiting)",
         json_schema_extra=setting(beyond="spec", exclusive_minimum=0),
     )
     weighed_ttl_check_seconds: float = Field(
         default=5.0,
-        description="how often a held Program's weighed TTL is decided again",
+        description="how often a held Program's weighed or adaptive TTL is decided again",
         json_schema_extra=setting(beyond="spec", exclusive_minimum=0),
     )
     cross_rank_gate: CrossRankGate = Field(

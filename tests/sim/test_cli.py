@@ -68,6 +68,25 @@ def test_a_trace_file_and_its_block_size(tmp_path: Path) -> None:
     assert report["trace"]["tasks"] == 2
 
 
+def test_the_default_program_arm_is_the_recommended_deployment(tmp_path: Path) -> None:
+    """Without --program-config the Program arm runs the recommended line: each Rank's reported KV as its
+    token capacity ("auto"), the global queue, least_program_count binding and the adaptive acting TTL (the spec's defaults are
+    untouched: an explicit config gets exactly what it says, as the first test shows)."""
+    out = tmp_path / "r"
+    flags = ["simulate", "--generate", "coding", *SMALL_FLAGS, "--ranks", "2", "--num-blocks", "96"]
+    assert main([*flags, "--arms", "native,program", "--out", str(out)]) == 0
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert report["program_config"] == {
+        "token_capacity_per_dp_rank": "auto",
+        "global_queue": True,
+        "binding_strategy": "least_program_count",
+        "acting_ttl_policy": "adaptive",
+    }
+    program = report["arm_specs"]["program"]["program_config"]
+    assert program["acting_ttl_policy"] == "adaptive"
+    assert report["arms"]["program"]["completed_tasks"] == report["trace"]["tasks"]
+
+
 @pytest.mark.parametrize(
     "flags",
     [

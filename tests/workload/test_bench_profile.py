@@ -27,7 +27,7 @@ def test_profile_sets_the_engines_and_the_router_costs() -> None:
     assert plan.fleet.num_blocks == profile.kv_tokens_per_rank // 64
     argv = plan.fleet.argv(8000, plan.fleet.num_blocks)
     assert argv[argv.index("--engine-profile") + 1] == "h200-qwen-32b"
-    assert plan.program_config["token_capacity_per_dp_rank"] == plan.fleet.capacity_tokens
+    assert plan.program_config["token_capacity_per_dp_rank"] == "auto"  # each emulator reports its KV
     assert plan.program_config["prefill_cost_model"] == profile.prefill_cost_model.model_dump(mode="json")
 
 

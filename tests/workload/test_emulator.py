@@ -67,6 +67,10 @@ def test_router_config_is_time_scaled() -> None:
     assert cfg["global_queue"] is True and cfg["token_capacity_per_dp_rank"] == 1000
     assert cfg["metrics_interval_seconds"] == pytest.approx(0.1)
     assert cfg["max_acting_ttl_seconds"] == pytest.approx(1.0)
+    # the weighed and adaptive TTLs' longest hold and check, and the hints' cap (the replay scales hints)
+    assert cfg["max_kv_retention_ttl_seconds"] == pytest.approx(6.0)
+    assert cfg["weighed_ttl_check_seconds"] == pytest.approx(0.5)
+    assert cfg["weighed_ttl_max_seconds"] == pytest.approx(12.0)
     assert cfg["prefill_cost_model"]["intercept_seconds"] == pytest.approx(0.06600061907132926 / 10)
     assert cfg["prefill_cost_model"]["decode_throughput_alpha"] == 0.15  # a ratio, not a time
     assert cfg["decode_throughput_model"]["fixed_step_seconds"] == pytest.approx(0.010635218423115973 / 10)

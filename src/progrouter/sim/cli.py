@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-config",
         default=None,
         help='ProgramSchedulingConfig JSON of the Program arms; "token_capacity_per_dp_rank": "auto" means '
-        "each Rank's KV tokens, as live (default: {token_capacity_per_dp_rank: <the Rank's KV tokens>, "
-        "global_queue: true})",
+        "each Rank's KV tokens, as live (default: the recommended deployment, {token_capacity_per_dp_rank: "
+        "auto, global_queue: true, binding_strategy: least_program_count, acting_ttl_policy: adaptive})",
     )
     parser.add_argument(
         "--variant",
@@ -178,7 +178,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 def arms_from_args(args: argparse.Namespace, fleet: FleetSpec) -> tuple[list[SimArm], dict[str, Any]]:
     if args.program_config is None:
-        base = default_program_config(fleet.capacity_tokens)
+        base = default_program_config()
     else:
         base = _json_object(args.program_config, "--program-config")
     if args.engine_profile:

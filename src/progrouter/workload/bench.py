@@ -39,7 +39,7 @@ import aiohttp
 import orjson
 from rich.console import Console
 
-from progrouter.config import ProgramSchedulingConfig
+from progrouter.config import AUTO_TOKEN_CAPACITY, ProgramSchedulingConfig
 from progrouter.workload.apis.base import HEADER_IDENTITY_APIS
 from progrouter.workload.arms import (
     ARMS,
@@ -63,6 +63,9 @@ TIME_FIELDS = (
     "paused_retention_ttl_seconds",
     "shared_prefix_freshness_warmup_seconds",
     "max_acting_ttl_seconds",
+    "max_kv_retention_ttl_seconds",
+    "weighed_ttl_max_seconds",
+    "weighed_ttl_check_seconds",
 )
 COST_FIELDS = {
     "prefill_cost_model": (
@@ -230,6 +233,12 @@ class Bench:
                 cfg["enable_key"] = "auto"  # the harness shapes carry identity only in headers
             if arm.binding_only:
                 cfg["binding_only"] = True
+            if arm.upstream and cfg.get("token_capacity_per_dp_rank") == AUTO_TOKEN_CAPACITY:
+                # "auto" is beyond the spec: upstream gets the size the emulators are started with
+                fleet = self.plan.fleet
+                cfg["token_capacity_per_dp_rank"] = (
+                    fleet.capacity_tokens if isinstance(fleet, EngineFleet) else None
+                )
             if arm.residency:
                 assert isinstance(self.plan.fleet, EngineFleet)  # skip_reason: only emulators it starts
                 events = zip(urls, self.event_ports, strict=True)

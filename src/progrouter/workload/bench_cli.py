@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-config-json",
         default=None,
         help="Program-scheduling config of the program/binding_only/upstream arms "
-        "(default: token capacity per Rank from the engines, global_queue true)",
+        "(default: the recommended deployment: token capacity per Rank from the engines, global_queue, "
+        "least_program_count binding, the adaptive acting TTL)",
     )
     parser.add_argument("--report-dir", type=Path, default=None, help="default bench-reports/<time>")
     parser.add_argument("--router-log-level", default="warning")
@@ -99,12 +100,19 @@ def _trace(args: argparse.Namespace) -> Trace:
     return t.head(args.num_tasks) if args.num_tasks else t
 
 
-def default_program_config(capacity_tokens: int | None) -> dict[str, Any]:
-    """The README's first-deployment config: token capacity per Rank and the global queue."""
-    cfg: dict[str, Any] = {"global_queue": True}
-    if capacity_tokens is not None:
-        cfg["token_capacity_per_dp_rank"] = capacity_tokens
-    return cfg
+#: The recommended deployment, one line for every model and load (docs/benchmarks/fleet.md): each Rank's KV
+#: size as its vLLM reports it, the global queue, least-Program-count binding and the adaptive acting TTL.
+RECOMMENDED_PROGRAM_CONFIG: dict[str, Any] = {
+    "token_capacity_per_dp_rank": "auto",
+    "global_queue": True,
+    "binding_strategy": "least_program_count",
+    "acting_ttl_policy": "adaptive",
+}
+
+
+def default_program_config() -> dict[str, Any]:
+    """The recommended deployment (a copy to build on)."""
+    return dict(RECOMMENDED_PROGRAM_CONFIG)
 
 
 def with_engine_profile(
@@ -133,7 +141,6 @@ def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
             args.time_scale,
             args.restart_command,
         )
-        capacity = None
     else:
         longest = max(
             (r.input_tokens + r.output_tokens for _t, p in trace.programs() for r in p.requests), default=1
@@ -157,11 +164,7 @@ def plan_from_args(args: argparse.Namespace, trace: Trace) -> BenchPlan:
                 f"a request needs {longest} tokens but a Rank holds {fleet.capacity_tokens}: "
                 "raise --num-blocks or lower --token-scale"
             )
-        capacity = fleet.capacity_tokens
-    if args.program_config_json:
-        program = orjson.loads(args.program_config_json)
-    else:
-        program = default_program_config(capacity)
+    program = orjson.loads(args.program_config_json) if args.program_config_json else default_program_config()
     if isinstance(fleet, EngineFleet):
         fleet, program = with_engine_profile(args.engine_profile, fleet, program)
     ProgramSchedulingConfig.resolve(True, orjson.dumps(program).decode())  # fail early, naming the field

@@ -28,7 +28,7 @@ from progrouter.engine.profiles import BUILTIN, load_profile
 from progrouter.workload.apis import API_NAMES
 from progrouter.workload.arms import EngineFleet
 from progrouter.workload.bench import BenchPlan, upstream_binary
-from progrouter.workload.bench_cli import execute, with_engine_profile
+from progrouter.workload.bench_cli import default_program_config, execute, with_engine_profile
 from progrouter.workload.facts import load_facts
 from progrouter.workload.generators import CodingWorkload, generate
 from progrouter.workload.replay import ReplayOptions
@@ -64,16 +64,11 @@ DEMO_FLEET = EngineFleet(
     max_model_len=24_576,
     time_scale=10.0,
 )
-#: The recommended first-deployment configuration (see docs/benchmark.md for how the strategy was chosen).
-RECOMMENDED_BINDING_STRATEGY = "least_program_count"
 
 
 def recommended_config(fleet: EngineFleet) -> dict[str, Any]:
-    return {
-        "token_capacity_per_dp_rank": fleet.capacity_tokens,
-        "global_queue": True,
-        "binding_strategy": RECOMMENDED_BINDING_STRATEGY,
-    }
+    """The recommended deployment (``progrouter bench``'s default Program config) on the demo's fleet."""
+    return default_program_config()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

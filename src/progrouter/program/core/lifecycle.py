@@ -443,7 +443,7 @@ class Lifecycle:
         deadline = acting.deadline
         if deadline <= now:
             hold = self._ttl.hold(program, program.placement or "", now - acting.since)
-            if hold > 0.0:  # the weighed TTL's check: held on (only under acting_ttl_policy "weighed")
+            if hold > 0.0:  # the weighed or adaptive TTL's check: held on
                 program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
                 self._timers.arm(program, ACTING_TTL, deadline)
                 return

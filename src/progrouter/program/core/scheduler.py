@@ -128,7 +128,7 @@ class ProgramScheduler:
             lineage,
             fleet,
             keeper,
-            acting_ttl(config, stats, queues, warmup),
+            acting_ttl(config, stats, queues, warmup, ledger),
         )
         self._repair = (
             None

@@ -81,7 +81,7 @@ def weighed_hold_seconds(
         if extra <= 0.0:
             continue
         utility = hold_utility(fit, impact_seconds, weight, elapsed_seconds, elapsed_seconds + extra)
-        if utility >= best_utility:
+        if utility >= best_utility and utility > 0.0:  # (no gain, e.g. far in the tail: no hold)
             best, best_utility = extra, utility
     return best
 

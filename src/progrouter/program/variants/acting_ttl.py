@@ -4,7 +4,9 @@
   bar ``stats_warmup``: variants/warmup.py), never extended;
 - ``fixed``: ``max_acting_ttl_seconds``, never extended;
 - ``weighed`` (beyond the spec, ttl_weighing.py): the hold the waiters' weight allows, checked again every
-  ``weighed_ttl_check_seconds``.
+  ``weighed_ttl_check_seconds``;
+- ``adaptive`` (beyond the spec, variants/adaptive_ttl.py): the same, each held second priced by the share of
+  the Rank it keeps from the waiters (formulas/ttl_pricing.py).
 
 A request's ``kv_retention_ttl_seconds`` hint overrides every policy (lifecycle's).
 """
@@ -15,11 +17,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from progrouter.config import ActingTTLPolicy
 from progrouter.program.formulas import ttl_weighing
+from progrouter.program.variants.adaptive_ttl import AdaptiveTTL
 from progrouter.program.variants.warmup import fitted_ttl
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
     from progrouter.program.core.factors import RankStats
+    from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.queues import RankQueues
     from progrouter.program.core.state import Program
     from progrouter.program.variants.warmup import Warmup
@@ -86,10 +90,16 @@ class WeighedTTL:
 
 
 def acting_ttl(
-    config: ProgramSchedulingConfig, stats: RankStats, queues: RankQueues, warmup: Warmup
+    config: ProgramSchedulingConfig,
+    stats: RankStats,
+    queues: RankQueues,
+    warmup: Warmup,
+    ledger: CapacityLedger,
 ) -> TTLPolicy:
     """The policy ``acting_ttl_policy`` names, on the warm-up ``stats_warmup`` names."""
     policy = config.acting_ttl_policy
+    if policy is ActingTTLPolicy.ADAPTIVE:
+        return AdaptiveTTL(config, stats, queues, warmup, ledger)
     if policy is ActingTTLPolicy.FIXED:
         return FixedTTL(config)
     if policy is ActingTTLPolicy.WEIGHED:
