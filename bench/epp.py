@@ -10,11 +10,15 @@ token chunks, a usage chunk, ``[DONE]``). Five ways to reach them, each measured
 - ``envoy+epp``: Envoy whose ext_proc filter asks `progrouter epp` (same flags as serve), ORIGINAL_DST;
 - ``envoy+epp-end``: the same with ``--epp-response-body end`` (no response body to the EPP).
 
-Per cell: added p50 (ms, concurrency 1, minus direct), requests/s at concurrency 64, and CPU µs per request
-(user+system from /proc over both concurrencies) of the router (serve's process, or the EPP's) and of Envoy.
+Per cell: added p50 (ms, concurrency 1, minus direct), requests/s at concurrency 64, CPU µs per request
+(user+system from /proc over both concurrencies) of the router (serve's process, or the EPP's) and of Envoy,
+and the ext_proc messages per request Envoy sent the EPP (its ``progrouter_epp_messages_total``).
 Envoy runs with ``--concurrency 1`` (one worker thread, as the Python shells have one event loop).
 
-    .venv/bin/python bench/epp.py [--requests 1000] [--repeat 1]
+    .venv/bin/python bench/epp.py [--requests 1000] [--repeat 1] [--profile]
+
+``--profile`` runs the EPP arms under ``bench/overhead.py``'s CPU sampler and prints, per load, the ext_proc
+messages per request, the EPP's CPU per message and where it goes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,6 +46,7 @@ from progrouter.epp.bootstrap import epp_bootstrap, round_robin_bootstrap
 from progrouter.epp.envoy import envoy_version, start_envoy
 
 PROGRAMS = 8
+PROFILE_DIR: str | None = None  # --profile: where the EPP arms' samples go
 _MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
 USAGE = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
 ANSWER = json.dumps(
@@ -131,6 +137,7 @@ class Row:
     rps_64: float
     router_us: float | None
     envoy_us: float | None
+    messages: float | None  # ext_proc messages Envoy sent the EPP per request (its own counter)
 
 
 def _cpu(pid: int | None) -> float:
@@ -138,20 +145,31 @@ def _cpu(pid: int | None) -> float:
 
 
 def _shell(
-    command: str, workers: list[int], port: int, admin_port: int, response_body: str
+    command: str, workers: list[int], port: int, admin_port: int, response_body: str, metrics_port: int
 ) -> subprocess.Popen[bytes]:
     flags = [
         "--worker-urls", *(f"http://127.0.0.1:{w}" for w in workers),
         "--host", "127.0.0.1",
         "--port", str(port),
         "--policy", "round_robin",
-        "--prometheus-port", str(free_port()),
+        "--prometheus-port", str(metrics_port),
         "--log-level", "warning",
         "--enable-program-scheduling",
     ]  # fmt: skip
     if command == "epp":
         flags += ["--admin-port", str(admin_port), "--epp-response-body", response_body]
     cmd = [sys.executable, "-m", "progrouter", command, *flags]
+    if PROFILE_DIR is not None and command == "epp":  # the EPP under overhead.py's CPU sampler (SIGUSR1)
+        out = os.path.join(PROFILE_DIR, response_body)
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("overhead.py")),
+            "--serve-profiled",
+            out,
+            "--",
+            command,
+        ]
+        cmd += flags
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL)
 
 
@@ -160,6 +178,20 @@ class Arm:
     url: str
     router_pid: int | None
     envoy_pid: int | None
+    metrics_url: str | None = None  # the EPP's /metrics
+
+
+async def _messages(session: aiohttp.ClientSession, metrics_url: str | None) -> float:
+    """The EPP's ``progrouter_epp_messages_total``, all phases."""
+    if metrics_url is None:
+        return 0.0
+    async with session.get(metrics_url) as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("progrouter_epp_messages_total{")
+    )
 
 
 @asynccontextmanager
@@ -179,7 +211,8 @@ async def arm(name: str, workers: list[int], session: aiohttp.ClientSession) -> 
             return
         port, admin = free_port(), free_port()
         response_body = "end" if name == "envoy+epp-end" else "stream"
-        process = _shell("serve" if name == "serve" else "epp", workers, port, admin, response_body)
+        metrics = free_port()
+        process = _shell("serve" if name == "serve" else "epp", workers, port, admin, response_body, metrics)
         ready = f"http://127.0.0.1:{port if name == 'serve' else admin}/readiness"
         await wait_ready(session, ready)
         if name == "serve":
@@ -189,7 +222,7 @@ async def arm(name: str, workers: list[int], session: aiohttp.ClientSession) -> 
             ("127.0.0.1", port), queue_timeout_seconds=600.0, response_body=response_body, **limits
         )
         envoy = await start_envoy(bootstrap)
-        yield Arm(envoy.url, process.pid, envoy.process.pid)
+        yield Arm(envoy.url, process.pid, envoy.process.pid, f"http://127.0.0.1:{metrics}/metrics")
     finally:
         if envoy is not None:
             await envoy.stop()
@@ -205,10 +238,22 @@ async def measure(name: str, workers: list[int], requests: int) -> list[Row]:
         url = running.url + "/v1/chat/completions"
         for stream in (False, True):
             await load(session, url, stream, min(200, requests), 4)  # warm-up
+            messages0 = await _messages(session, running.metrics_url)
+            profiled = PROFILE_DIR is not None and running.metrics_url is not None and running.router_pid
+            if profiled:
+                os.kill(running.router_pid, signal.SIGUSR1)  # type: ignore[arg-type]  # start a segment
             router0, envoy0 = _cpu(running.router_pid), _cpu(running.envoy_pid)
             one = await load(session, url, stream, requests, 1)
             many = await load(session, url, stream, requests, 64)
             router1, envoy1 = _cpu(running.router_pid), _cpu(running.envoy_pid)
+            if profiled:
+                os.kill(running.router_pid, signal.SIGUSR1)  # type: ignore[arg-type]  # end it
+            messages = (await _messages(session, running.metrics_url) - messages0) / (2 * requests)
+            if profiled:
+                part = f"{'end' if name.endswith('-end') else 'stream'}.{int(stream)}"
+                await _report_profile(
+                    name, stream, part, (router1 - router0) / (2 * requests) * 1e6, messages
+                )
 
             def per_request(before: float, after: float, pid: int | None) -> float | None:
                 return None if pid is None else (after - before) / (2 * requests) * 1e6
@@ -221,9 +266,25 @@ async def measure(name: str, workers: list[int], requests: int) -> list[Row]:
                     many.rps,
                     per_request(router0, router1, running.router_pid),
                     per_request(envoy0, envoy1, running.envoy_pid),
+                    messages if running.metrics_url is not None else None,
                 )
             )
     return rows
+
+
+async def _report_profile(name: str, stream: bool, part: str, cpu_us: float, messages: float) -> None:
+    """Where the EPP's CPU per request went in this load (the samples of overhead.py's sampler)."""
+    from overhead import Segment, breakdown
+
+    assert PROFILE_DIR is not None
+    path = os.path.join(PROFILE_DIR, part)
+    for _ in range(100):  # the EPP writes the segment when it handles the signal
+        if os.path.exists(path):
+            break
+        await asyncio.sleep(0.05)
+    load = "sse" if stream else "json"
+    print(f"{name} {load}: {messages:.1f} messages/request, {cpu_us / messages:,.0f} µs/message")
+    print("\n".join(breakdown(Segment(path, 0, cpu_us), 25)))
 
 
 def summarize(runs: list[list[Row]]) -> None:
@@ -239,7 +300,7 @@ def summarize(runs: list[list[Row]]) -> None:
     }
     header = (
         f"{'arm':>13} {'load':>6} | {'p50 ms':>7} {'added p50':>9} | {'req/s@64':>8}"
-        f" | {'router CPU µs/req':>17} {'× serve':>7} {'Envoy CPU µs/req':>16}"
+        f" | {'router CPU µs/req':>17} {'× serve':>7} {'Envoy CPU µs/req':>16} | {'msgs/req':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -263,7 +324,7 @@ def summarize(runs: list[list[Row]]) -> None:
             f"{name:>13} {'sse' if stream else 'json':>6} | {p50:>7.2f} {p50 - direct[stream]:>9.2f}"
             f" | {statistics.median(c.rps_64 for c in cells):>8.0f}"
             f" | {fmt([c.router_us for c in cells], '.0f'):>17} {ratio:>7}"
-            f" {fmt([c.envoy_us for c in cells], '.0f'):>16}"
+            f" {fmt([c.envoy_us for c in cells], '.0f'):>16} | {fmt([c.messages for c in cells], '.1f'):>8}"
         )
 
 
@@ -300,6 +361,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {ARMS}")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the EPP arms under bench/overhead.py's CPU sampler: where their CPU per request goes",
+    )
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_worker is not None:
@@ -309,6 +375,9 @@ def main() -> int:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or "direct" not in arms:
         parser.error(f"--arms: unknown {unknown}" if unknown else "--arms must include direct (the baseline)")
+    global PROFILE_DIR
+    if args.profile:
+        PROFILE_DIR = tempfile.mkdtemp(prefix="progrouter-epp-profile-")
     asyncio.run(bench(args.requests, args.repeat, arms))
     return 0
 

@@ -20,11 +20,10 @@ cancels this coroutine the moment Envoy resets the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from progrouter.epp.counter_usage import CounterUsage
-from progrouter.epp.messages import header_map, proceed, refuse, route_to
+from progrouter.epp.messages import header_map, proceed, refuse, route_to, status_and_type
 from progrouter.epp.metrics import EppMetrics
 from progrouter.epp.picker import Pick, Refusal, pick
 from progrouter.server.state import RouterState
@@ -51,34 +50,29 @@ class Exchange:
         # ``end``: no body comes, so the stream's close (with the HTTP stream) is the response's end.
         self._end_at_close = state.config.epp_response_body == "end"
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """The answers to Envoy's messages, one per message."""
-        try:
-            async for message in requests:
-                phase = message.WhichOneof("request")
-                self._metrics.received(phase)
-                if phase == "request_headers":
-                    answer = await self._request_headers(message.request_headers)
-                elif phase == "request_body":
-                    answer = await self._request_body(message.request_body)
-                elif phase == "response_headers":
-                    answer = self._response_headers(message.response_headers)
-                elif phase == "response_body":
-                    answer = self._response_body(message.response_body)
-                elif phase == "response_trailers":  # the end, when the body is not sent (``end``)
-                    self._end()
-                    answer = proceed(phase)
-                else:
-                    answer = proceed(phase)
-                yield answer
-                if answer.WhichOneof("response") == "immediate_response":
-                    return
-        finally:
-            if self._pick is not None and self._status and self._end_at_close:
-                # ``end``: Envoy closes (or resets) the stream when the HTTP stream ends; the status says how
-                self._end()
-            elif self._pick is not None:
-                self._pick.finish(False)  # a no-op after a response that ended
+    async def answer(self, message: Any) -> Any:
+        """The answer to one of Envoy's messages. An ``immediate_response`` ends the stream."""
+        phase = message.WhichOneof("request")
+        self._metrics.received(phase)
+        if phase == "request_headers":
+            return await self._request_headers(message.request_headers)
+        if phase == "request_body":
+            return await self._request_body(message.request_body)
+        if phase == "response_headers":
+            return self._response_headers(message.response_headers)
+        if phase == "response_body":
+            return self._response_body(message.response_body)
+        if phase == "response_trailers":  # the end, when the body is not sent (``end``)
+            self._end()
+        return proceed(phase)
+
+    def close(self) -> None:
+        """The stream is over (ended, reset or cancelled): a request not yet finished is finished now."""
+        if self._pick is not None and self._status and self._end_at_close:
+            # ``end``: Envoy closes (or resets) the stream when the HTTP stream ends; the status says how
+            self._end()
+        elif self._pick is not None:
+            self._pick.finish(False)  # a no-op after a response that ended
 
     async def _request_headers(self, message: Any) -> Any:
         self._headers = header_map(message.headers)
@@ -110,9 +104,8 @@ class Exchange:
         return route_to(phase, self._pick.endpoint, self._pick.target.dp_rank)
 
     def _response_headers(self, message: Any) -> Any:
-        headers = header_map(message.headers)
-        self._status = int(headers.get(":status", "0") or 0)
-        self._sse = headers.get("content-type", "").startswith("text/event-stream")
+        self._status, content_type = status_and_type(message.headers)
+        self._sse = content_type.startswith("text/event-stream")
         if message.end_of_stream:
             self._end()
         return proceed("response_headers")

@@ -14,6 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
 from multidict import CIMultiDict
 
+from progrouter.epp.metrics import PHASES
 from progrouter.server.edge.errors import error_body
 
 # The header an ORIGINAL_DST cluster routes by (the Gateway API Inference Extension's name).
@@ -29,8 +30,29 @@ def header_map(headers: Any) -> CIMultiDict[str]:
     """An ext_proc ``HeaderMap`` as a case-insensitive mapping (Envoy sends ``raw_value`` bytes)."""
     out: CIMultiDict[str] = CIMultiDict()
     for h in headers.headers:
-        out.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        out.add(h.key, _value(h))
     return out
+
+
+def _value(header: Any) -> str:
+    """A ``HeaderValue``'s value: Envoy sends ``raw_value`` bytes (``value`` in older versions)."""
+    value: str = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+    return value
+
+
+def status_and_type(headers: Any) -> tuple[int, str]:
+    """A response ``HeaderMap``'s ``:status`` (0 when absent or not a number) and ``content-type``, in one
+    pass and no mapping built: all the EPP reads of a response's head."""
+    status, content_type = 0, ""
+    for h in headers.headers:
+        key = h.key.lower()
+        if key == ":status" or key == "content-type":
+            value = _value(h)
+            if key == "content-type":
+                content_type = content_type or value
+            elif not status:
+                status = int(value) if value.isascii() and value.isdigit() else 0
+    return status, content_type
 
 
 def _set(headers: Mapping[str, str]) -> list[Any]:
@@ -47,14 +69,23 @@ def _common(set_headers: Mapping[str, str], remove: Iterable[str]) -> Any:
     return ext_proc.CommonResponse(header_mutation=mutation)
 
 
-def proceed(phase: str) -> Any:
-    """CONTINUE for the message of ``phase`` (``request_headers``, ``response_body``, …)."""
+def _continue(phase: str) -> Any:
     common = ext_proc.CommonResponse()
     if phase.endswith("_body"):
         return ProcessingResponse(**{phase: ext_proc.BodyResponse(response=common)})
     if phase.endswith("_headers"):
         return ProcessingResponse(**{phase: ext_proc.HeadersResponse(response=common)})
     return ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
+
+
+# Built once per phase: an answer is only serialized, never changed, so every stream can send the same one.
+_CONTINUE = {phase: _continue(phase) for phase in PHASES}
+
+
+def proceed(phase: str) -> Any:
+    """CONTINUE for the message of ``phase`` (``request_headers``, ``response_body``, …)."""
+    answer = _CONTINUE.get(phase)
+    return answer if answer is not None else _continue(phase)
 
 
 def route_to(phase: str, endpoint: str, dp_rank: int | None) -> Any:

@@ -8,6 +8,7 @@ this module only adapts them to a request that Envoy forwards (the EPP never see
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Mapping
@@ -36,7 +37,12 @@ class Refusal(Exception):
 
 def endpoint_of(target: Target) -> str:
     """``host:port`` of a target, as an ORIGINAL_DST cluster connects to it."""
-    url = URL(target.base_url)
+    return _endpoint(target.base_url)
+
+
+@functools.lru_cache(maxsize=1024)  # one entry per worker URL: parsed once, not per request
+def _endpoint(base_url: str) -> str:
+    url = URL(base_url)
     host = f"[{url.host}]" if url.host and ":" in url.host else url.host
     return f"{host}:{url.port}"
 

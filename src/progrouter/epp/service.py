@@ -46,14 +46,25 @@ STOP_GRACE_SECONDS = 1.0
 class Processor(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ext_proc service: one ``Exchange`` per stream (per HTTP request Envoy forwards)."""
 
+    # grpc.aio answers each message through the handler's ``context`` (``requests`` is left unread).
+
     def __init__(self, state: RouterState, metrics: EppMetrics, counters: CounterUsage | None) -> None:
         self._state = state
         self._metrics = metrics
         self._counters = counters
 
-    async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        async for answer in Exchange(self._state, self._metrics, self._counters).run(requests):
-            yield answer
+    async def Process(self, requests: AsyncIterator[Any], context: Any) -> None:
+        """Read and answer Envoy's messages, one at a time. With grpc.aio's read/write calls rather than
+        the request iterator and an answer generator: two async generators fewer per message."""
+        exchange = Exchange(self._state, self._metrics, self._counters)
+        try:
+            while (message := await context.read()) is not grpc.aio.EOF:
+                answer = await exchange.answer(message)
+                await context.write(answer)
+                if answer.HasField("immediate_response"):
+                    return
+        finally:
+            exchange.close()
 
 
 def admin_app(state: RouterState, registry: CollectorRegistry) -> web.Application:

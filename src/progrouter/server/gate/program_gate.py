@@ -272,7 +272,7 @@ class ProgramGate:
             routing_text=routing_text(body) if self._keep_text else None,
             residency=residency,
         )
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Outcome] = self._running_loop().create_future()
         handle = self.driver.arrive(now, request, future)
         self._ensure_observation()
         try:
@@ -373,6 +373,14 @@ class ProgramGate:
         finally:
             timer.cancel()
             self._wake = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop taken at ``start``: ``asyncio.get_running_loop`` is a getpid system call on CPython 3.11,
+        once per request here otherwise."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _loop_call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
