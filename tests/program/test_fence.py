@@ -19,7 +19,7 @@ from progrouter.program.core.state import FIELD_OWNERS, Program
 PROGRAM = Path(__file__).parents[2] / "src" / "progrouter" / "program"
 MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "append", "extend", "remove", "add", "discard"}
 #: set once at construction, never written afterwards
-CONSTRUCTED = {"ref", "serial", "redacted", "created_at"}
+CONSTRUCTED = {"ref", "serial", "redacted", "created_at", "lifecycle"}
 
 
 def _attribute_written(node: ast.AST) -> str | None:
@@ -78,17 +78,17 @@ def test_only_the_owner_writes_a_program_field(path: Path) -> None:
 def test_the_fence_catches_writes_from_outside() -> None:
     source = (
         "def f(program, kind):\n"
-        "    program.pause = None\n"
-        "    program.segment, x = None, 1\n"
+        "    program.placement = None\n"
+        "    program.status, x = None, 1\n"
         "    program.in_flight += 1\n"
-        "    del program.completions[kind]\n"
-        "    program.completions.pop(kind)\n"
+        "    del program.lifecycle[kind]\n"
+        "    program.lifecycle.pop(kind)\n"
         "    self.state = 1\n"
     )
     assert writes(source) == [
-        (2, "pause"),
-        (3, "segment"),
+        (2, "placement"),
+        (3, "status"),
         (4, "in_flight"),
-        (5, "completions"),
-        (6, "completions"),
+        (5, "lifecycle"),
+        (6, "lifecycle"),
     ]

@@ -26,23 +26,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from progrouter.program.core.records import (
-    NO_COMPLETIONS,
-    NO_SEGMENT,
-    NO_SHARED_PREFIX,
-    ActingTTL,
-    Completions,
-    Pause,
-    PauseReason,
-    Segment,
-    SharedPrefix,
-)
-from progrouter.program.types import ProgramIdentity, RequestHints
+from progrouter.program.core.records import LifecycleRecord, PauseReason
 
 
 class ProgramState(StrEnum):
@@ -127,21 +117,6 @@ FIELD_OWNERS: dict[str, str] = {
         ),
         "table",
     ),
-    **dict.fromkeys(
-        (
-            "identity",
-            "step_id",
-            "last_hints",
-            "output_token_reservation",
-            "context_shrink_observations",
-            "acting_ttl",
-            "pause",
-            "segment",
-            "shared_prefix",
-            "completions",
-        ),
-        "lifecycle",
-    ),
 }
 
 
@@ -151,10 +126,10 @@ class Program:
     modules replace whole (``FIELD_OWNERS`` says who writes which)."""
 
     ref: ProgramRef
-    identity: ProgramIdentity
     serial: int  # scheduler-wide creation order, a cheap unique tie-break
     redacted: str
     created_at: float
+    lifecycle: Final[LifecycleRecord]  # the lifecycle's facts, read-only here (records.py)
     # --- phase and placement (ProgramTable) ----------------------------------------------------------
     state: ProgramState = ProgramState.PAUSED
     status: ProgramStatus = ProgramStatus.REASONING
@@ -168,16 +143,6 @@ class Program:
     estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
     last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
     pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
-    # --- lifecycle ------------------------------------------------------------------------------------
-    step_id: int = 0
-    last_hints: RequestHints = field(default_factory=RequestHints)
-    output_token_reservation: int | None = None
-    context_shrink_observations: int = 0
-    acting_ttl: ActingTTL | None = None
-    pause: Pause | None = None
-    segment: Segment = NO_SEGMENT
-    shared_prefix: SharedPrefix = NO_SHARED_PREFIX
-    completions: Completions = NO_COMPLETIONS
 
     @property
     def phase(self) -> Phase:
@@ -197,17 +162,17 @@ class Program:
 
     @property
     def paused_at(self) -> float | None:
-        pause = self.pause
+        pause = self.lifecycle.pause
         return None if pause is None else pause.at
 
     @property
     def last_pause_reason(self) -> PauseReason | None:
-        pause = self.pause
+        pause = self.lifecycle.pause
         return None if pause is None else pause.reason
 
     @property
     def completed_requests(self) -> int:
-        return self.completions.requests
+        return self.lifecycle.completions.requests
 
 
 class RankPrograms:

@@ -32,7 +32,7 @@ from progrouter.program.core.state import (
 if TYPE_CHECKING:
     from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.pool import RequestPool
-    from progrouter.program.types import ProgramIdentity
+    from progrouter.program.core.records import LifecycleRecord
 
 
 @mypyc_attr(native_class=False)  # compiled, a dict subclass must stay a plain class
@@ -98,16 +98,18 @@ class ProgramTable:
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def materialize(
-        self, now: float, model_pool: str, identity: ProgramIdentity, home: str | None
+        self, now: float, model_pool: str, lifecycle: LifecycleRecord, home: str | None
     ) -> Program:
-        """A new generation, Paused+Reasoning, bound to ``home`` (None when the pool has no Rank)."""
-        key = (model_pool, identity.program_id)
+        """A new generation, Paused+Reasoning, bound to ``home`` (None when the pool has no Rank), carrying
+        the lifecycle's record (``Lifecycle.new_record``) of its first request."""
+        program_id = lifecycle.identity.program_id
+        key = (model_pool, program_id)
         if key in self._programs:
             raise IllegalTransition(f"a generation of {key!r} is live already")
         previous = self._released.pop(key, None)
         generation = 0 if previous is None else previous + 1
-        ref = ProgramRef(model_pool, identity.program_id, generation)
-        program = Program(ref, identity, next(self._serials), ref.redacted_id(), now)
+        ref = ProgramRef(model_pool, program_id, generation)
+        program = Program(ref, next(self._serials), ref.redacted_id(), now, lifecycle)
         program.home_target = home
         self._programs[key] = program
         self._attribute(program, home)
