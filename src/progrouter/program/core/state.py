@@ -96,53 +96,70 @@ class ProgramRef:
         return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-#: Who may assign each ``Program`` field (a module of this package); everyone else reads. The fields owned
-#: here are the phase, the placement and the facts the per-Rank indexes sum; the rest are records
-#: (records.py) or single facts replaced whole by their owner. tests/program/test_fence.py enforces it.
-FIELD_OWNERS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "state",
-            "status",
-            "placement",
-            "placement_epoch",
-            "placement_start_pending",
-            "in_flight",
-            "home_target",
-            "last_target",
-            "rounds_since_activation",
-            "estimated_context_tokens",
-            "last_cache_miss_impact_seconds",
-            "pause_when_idle",
-        ),
-        "table",
-    ),
-}
-
-
-@dataclass(eq=False, slots=True)
 class Program:
-    """One Program generation: its phase and placement (owned here) and the decision records policy
-    modules replace whole (``FIELD_OWNERS`` says who writes which)."""
+    """One Program generation as everyone but ``ProgramTable`` sees it: who it is, its phase and placement
+    (read-only here: the table's row class, table.py, is the only writable one, and the only one built) and
+    the lifecycle's record (read-only too, records.py). mypy rejects an assignment to any of them."""
 
-    ref: ProgramRef
-    serial: int  # scheduler-wide creation order, a cheap unique tie-break
-    redacted: str
-    created_at: float
-    lifecycle: Final[LifecycleRecord]  # the lifecycle's facts, read-only here (records.py)
-    # --- phase and placement (ProgramTable) ----------------------------------------------------------
-    state: ProgramState = ProgramState.PAUSED
-    status: ProgramStatus = ProgramStatus.REASONING
-    placement: str | None = None
-    placement_epoch: int = 0
-    placement_start_pending: bool = False
-    in_flight: int = 0
-    home_target: str | None = None
-    last_target: str | None = None
-    rounds_since_activation: int = 0  # indexed per Rank (growth reserve, batch gain)
-    estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
-    last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
-    pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
+    __slots__ = ("created_at", "lifecycle", "redacted", "ref", "serial")
+
+    def __init__(
+        self, ref: ProgramRef, serial: int, redacted: str, created_at: float, lifecycle: LifecycleRecord
+    ) -> None:
+        self.ref: Final = ref
+        self.serial: Final = serial  # scheduler-wide creation order, a cheap unique tie-break
+        self.redacted: Final = redacted
+        self.created_at: Final = created_at
+        self.lifecycle: Final = lifecycle  # the lifecycle's facts (records.LifecycleRecord)
+
+    # --- phase and placement: the table's row provides them (each shadows its property there) ----------
+    @property
+    def state(self) -> ProgramState:
+        raise NotImplementedError
+
+    @property
+    def status(self) -> ProgramStatus:
+        raise NotImplementedError
+
+    @property
+    def placement(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def placement_epoch(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def placement_start_pending(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def home_target(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def last_target(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def rounds_since_activation(self) -> int:  # indexed per Rank (growth reserve, batch gain)
+        raise NotImplementedError
+
+    @property
+    def estimated_context_tokens(self) -> int:  # indexed per Rank while Active+Reasoning
+        raise NotImplementedError
+
+    @property
+    def last_cache_miss_impact_seconds(self) -> float:  # indexed per Rank while Active
+        raise NotImplementedError
+
+    @property
+    def pause_when_idle(self) -> bool:  # capacity repair's mark, indexed per Rank
+        raise NotImplementedError
 
     @property
     def phase(self) -> Phase:
