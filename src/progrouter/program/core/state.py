@@ -11,9 +11,10 @@ Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
    ``last_target`` and generations, and the indexed facts ``rounds_since_activation``,
    ``estimated_context_tokens``, ``last_cache_miss_impact_seconds`` and ``pause_when_idle`` (each Rank keeps
-   sums of them for the growth reserve, batch gain and repair). Every other field has one owner module
-   (``FIELD_OWNERS``) that replaces it whole — the decision records of records.py — and a test fails on any
-   write from elsewhere.
+   sums of them for the growth reserve, batch gain and repair). That is the types' doing, not a convention:
+   ``Program`` declares them as read-only properties and the table's private row class (table.py), the only
+   class it builds, shadows them with writable slots. The lifecycle's facts are ``program.lifecycle``, a
+   read-only ``LifecycleRecord`` (records.py) only lifecycle.py can write; identity is ``Final``.
 2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
    ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
    Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
