@@ -71,8 +71,8 @@ if TYPE_CHECKING:
 
 
 class _Record:
-    """The writable ``LifecycleRecord``: made by ``Lifecycle.new_record`` and written only here (everyone else
-    reads ``program.lifecycle`` as the read-only ``LifecycleRecord``)."""
+    """The writable ``LifecycleRecord``: made by ``Lifecycle.new_record`` and written only here, each writer
+    casting ``program.lifecycle`` back to it (everyone else reads it as the read-only ``LifecycleRecord``)."""
 
     __slots__ = (
         "acting_ttl",
@@ -100,15 +100,10 @@ class _Record:
         self.completions = NO_COMPLETIONS
 
 
-def _own(program: Program) -> _Record:
-    """The Program's lifecycle record, writable: every write in this module goes through here."""
-    return cast(_Record, program.lifecycle)
-
-
 # ------------------------------------------------------------------------------- records without a component
 def activated(program: Program, now: float) -> None:
     """Admission placed the Program: no TTL, no pause (the segment-yield marker goes), a segment starts."""
-    record = _own(program)
+    record = cast(_Record, program.lifecycle)
     record.acting_ttl = None
     record.pause = None
     segment = record.segment
@@ -119,7 +114,7 @@ def activated(program: Program, now: float) -> None:
 def rebound(program: Program, now: float) -> None:
     """A Paused Program got a new home: its segment ends and the next one observes the shared prefix
     afresh; it counts as paused from now (keeping why it paused)."""
-    record = _own(program)
+    record = cast(_Record, program.lifecycle)
     reason = None if record.pause is None else record.pause.reason
     record.pause = Pause(now, reason)
     record.acting_ttl = None
@@ -130,7 +125,7 @@ def rebound(program: Program, now: float) -> None:
 
 def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -> None:
     """Growth applies at once; a shrink only after two consecutive lower observations."""
-    record = _own(program)
+    record = cast(_Record, program.lifecycle)
     if prompt_tokens >= program.estimated_context_tokens:
         table.set_context(program, prompt_tokens)
         record.context_shrink_observations = 0
@@ -237,7 +232,7 @@ class Lifecycle:
         """A request of ``program`` arrived (``new``: its generation was just created from ``new_record``):
         its identity, step, context and hints are the request's now, and it is Reasoning until it is idle
         again."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         identity = request.identity
         if not new:
             self.record_continuity(program, now)
@@ -256,7 +251,7 @@ class Lifecycle:
     def withdrawn_idle(self, program: Program, now: float) -> None:
         """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
         starts (or keeps) its retention clock."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         if record.completions.requests == 0:
             self.release(program, now)
         elif program.state is ProgramState.PAUSED:
@@ -300,7 +295,7 @@ class Lifecycle:
         terminate: bool,
     ) -> None:
         """Apply one (current-epoch) completion; the caller already checked it is not stale."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         config = self._config
         target = dispatch.target.id
         factors = self._stats.of(target)
@@ -383,7 +378,7 @@ class Lifecycle:
         """Rounds and segments of a successful completion; a placement start that lost the cache begins a
         new segment and observes the shared prefix. Returns whether the round was continuous (the caller
         counts it with the completion's impact, in one move of the Rank's round histogram)."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         previous = record.completions.last_context_tokens
         continuous = cache_continuous(previous if previous > 0 else None, cached)
         segment = record.segment
@@ -407,7 +402,7 @@ class Lifecycle:
         self, program: Program, target: str, explicit_cached: int | None, now: float
     ) -> None:
         """A new segment observes the shared prefix, unless the last observation is still fresh."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         shared = record.shared_prefix
         if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
             return
@@ -472,7 +467,7 @@ class Lifecycle:
     # Progress-TTL
     def arm_ttl(self, program: Program, ttl: float, source: str, now: float) -> None:
         """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         target = program.placement
         assert target is not None
         ttl = max(0.0, ttl)
@@ -489,7 +484,7 @@ class Lifecycle:
             self._timers.arm(program, ACTING_TTL, now + ttl)
 
     def on_ttl_timer(self, program: Program, now: float) -> None:
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         acting = record.acting_ttl
         if program.phase != AA or acting is None:
             return
@@ -505,7 +500,7 @@ class Lifecycle:
             self._timers.arm(program, ACTING_TTL, deadline)
 
     def expire_ttl(self, program: Program, now: float) -> None:
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         target = program.placement
         assert target is not None
         segment = record.segment
@@ -517,7 +512,7 @@ class Lifecycle:
     # pause / release
     def pause(self, program: Program, reason: PauseReason, now: float) -> None:
         """An idle Active Program gives its placement up; its KV is no longer protected."""
-        record = _own(program)
+        record = cast(_Record, program.lifecycle)
         released = self._ledger.charged(program)
         target = self._table.pause(program)
         record.pause = Pause(now, reason)
