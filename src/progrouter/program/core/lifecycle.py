@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from progrouter.program.variants.acting_ttl import TTLPolicy
 
 
-class _Record:
+class _Record(LifecycleRecord):
     """The writable ``LifecycleRecord``: made by ``Lifecycle.new_record`` and written only here, each writer
     casting ``program.lifecycle`` back to it (everyone else reads it as the read-only ``LifecycleRecord``)."""
 
@@ -88,16 +88,16 @@ class _Record:
     )
 
     def __init__(self, identity: ProgramIdentity, step_id: int, pause: Pause) -> None:
-        self.identity = identity
-        self.step_id = step_id
-        self.last_hints = _NO_HINTS
+        self.identity: ProgramIdentity = identity
+        self.step_id: int = step_id
+        self.last_hints: RequestHints = _NO_HINTS
         self.output_token_reservation: int | None = None
-        self.context_shrink_observations = 0
+        self.context_shrink_observations: int = 0
         self.acting_ttl: ActingTTL | None = None
         self.pause: Pause | None = pause
-        self.segment = NO_SEGMENT
-        self.shared_prefix = NO_SHARED_PREFIX
-        self.completions = NO_COMPLETIONS
+        self.segment: Segment = NO_SEGMENT
+        self.shared_prefix: SharedPrefix = NO_SHARED_PREFIX
+        self.completions: Completions = NO_COMPLETIONS
 
 
 # ------------------------------------------------------------------------------- records without a component

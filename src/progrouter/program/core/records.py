@@ -3,8 +3,8 @@
 A record is an immutable tuple: its owner changes it by assigning a new one, so resetting a group of facts is
 one assignment and can never be partial. Nobody else can assign one: the owner keeps it in a table of its
 own, or — the lifecycle's records, read on every event — in the Program's ``LifecycleRecord``, which
-everyone else sees through this read-only type (mypy rejects a write through it; only lifecycle.py holds
-the writable class).
+everyone else sees through this read-only class (mypy rejects a write through it; only lifecycle.py holds
+the writable subclass).
 
     record          owner            what it holds
     QueueEntry      queues.py        the Program's place in its Rank queue and its frozen demand there (in the
@@ -23,7 +23,7 @@ the writable class).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from progrouter.program.types import ProgramIdentity, RequestHints
@@ -107,26 +107,49 @@ NO_SHARED_PREFIX = SharedPrefix()
 NO_COMPLETIONS = Completions()
 
 
-class LifecycleRecord(Protocol):
-    """A Program's lifecycle facts, read-only: only lifecycle.py holds the writable record behind it."""
+class LifecycleRecord:
+    """A Program's lifecycle facts, read-only: lifecycle.py's private subclass, the only one built, shadows
+    each property with a writable slot (plain, a read costs what a slot costs; compiled, one native getter
+    call)."""
+
+    __slots__ = ()
 
     @property
-    def identity(self) -> ProgramIdentity: ...  # the last request's identity
+    def identity(self) -> ProgramIdentity:  # the last request's identity
+        raise NotImplementedError
+
     @property
-    def step_id(self) -> int: ...
+    def step_id(self) -> int:
+        raise NotImplementedError
+
     @property
-    def last_hints(self) -> RequestHints: ...
+    def last_hints(self) -> RequestHints:
+        raise NotImplementedError
+
     @property
-    def output_token_reservation(self) -> int | None: ...  # until its request completes
+    def output_token_reservation(self) -> int | None:  # until its request completes
+        raise NotImplementedError
+
     @property
-    def context_shrink_observations(self) -> int: ...  # consecutive lower prompt observations
+    def context_shrink_observations(self) -> int:  # consecutive lower prompt observations
+        raise NotImplementedError
+
     @property
-    def acting_ttl(self) -> ActingTTL | None: ...
+    def acting_ttl(self) -> ActingTTL | None:
+        raise NotImplementedError
+
     @property
-    def pause(self) -> Pause | None: ...
+    def pause(self) -> Pause | None:
+        raise NotImplementedError
+
     @property
-    def segment(self) -> Segment: ...
+    def segment(self) -> Segment:
+        raise NotImplementedError
+
     @property
-    def shared_prefix(self) -> SharedPrefix: ...
+    def shared_prefix(self) -> SharedPrefix:
+        raise NotImplementedError
+
     @property
-    def completions(self) -> Completions: ...
+    def completions(self) -> Completions:
+        raise NotImplementedError
