@@ -27,9 +27,7 @@ def m() -> Iterator[ProgramModules]:
 
 def _program(m: ProgramModules, serial: int) -> Any:
     ref = m.state.ProgramRef(POOL, f"p{serial}", 0)
-    return m.state.Program(
-        ref, m.types.ProgramIdentity(f"p{serial}", f"p{serial}", f"p{serial}"), serial, ref.redacted_id(), 0.0
-    )
+    return m.state.Program(ref, serial, ref.redacted_id(), 0.0, None)  # (the queues read ref and serial only)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -85,10 +85,10 @@ def held_in_vain(program: Program, facts: ResidencyFacts | None, settle: float) 
     """An Acting Program's TTL protects little: its Rank, observed at least ``settle`` seconds after its last
     request finished (time for the events of the blocks that request stored to reach the router: a report
     sooner could miss them), holds less of its last prompt than a continuous cache hit needs."""
-    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or program.acting_ttl is None:
+    if program.phase != (ProgramState.ACTIVE, ProgramStatus.ACTING) or program.lifecycle.acting_ttl is None:
         return False
     held = resident_on(facts, program.placement)
-    finished = program.completions.last_finished_at
+    finished = program.lifecycle.completions.last_finished_at
     if held is None or facts is None or finished is None or facts.observed_at < finished + settle:
         return False
     return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
@@ -98,7 +98,9 @@ def stays_home(program: Program, facts: ResidencyFacts | None, target_ids: Itera
     """Its last Rank holds more of its prompt than its shared prefix and than any other of ``target_ids``:
     resuming there costs less prefill than anywhere else."""
     home = program.last_target
-    return home is not None and holder(facts, target_ids, floor=program.shared_prefix.tokens) == home
+    return (
+        home is not None and holder(facts, target_ids, floor=program.lifecycle.shared_prefix.tokens) == home
+    )
 
 
 def holder(facts: ResidencyFacts | None, target_ids: Iterable[str], floor: int = 0) -> str | None:

@@ -285,7 +285,7 @@ class AdmissionPlan(NamedTuple):
 
 def uncached_tokens(program: Program) -> int:
     """What a cold start of the Program recomputes: its context beyond the shared prefix."""
-    return max(0, program.estimated_context_tokens - program.shared_prefix.tokens)
+    return max(0, program.estimated_context_tokens - program.lifecycle.shared_prefix.tokens)
 
 
 def plan(view: RankView, program: Program, entry: QueueEntry, now: float) -> AdmissionPlan | Rejection:
@@ -305,7 +305,7 @@ def plan(view: RankView, program: Program, entry: QueueEntry, now: float) -> Adm
             return Rejection.FORCE_BOUND
         overflow = True
     elif not forced and verdict is _BATCH_GAIN:
-        shared = program.shared_prefix.tokens
+        shared = program.lifecycle.shared_prefix.tokens
         if not view.batch_gain_admits(program.estimated_context_tokens, shared, required):
             return Rejection.RESERVE
         batch_gain = True

@@ -138,7 +138,7 @@ def binding_candidates(
             if queue is None
             else [(p, required_tokens(p, pool.front_hints(p), decode_buffer)) for p in queue.ordered()]
         )
-        pending_new = sum(tokens for p, tokens in queued if p.completions.requests == 0)
+        pending_new = sum(tokens for p, tokens in queued if p.lifecycle.completions.requests == 0)
         pressure = 0.0 if capacity is None else min(1.0, max(0.0, (view.used + pending_new) / capacity))
         out.append(
             BindingCandidate(

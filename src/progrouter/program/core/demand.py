@@ -17,9 +17,9 @@ def program_private_tokens(
     """A Program's private demand: max(0, context − shared prefix) + (expected output, else decode buffer)."""
     return private_tokens(
         program.estimated_context_tokens,
-        program.shared_prefix.tokens,
+        program.lifecycle.shared_prefix.tokens,
         expected_output_tokens=expected_output_tokens,
-        output_token_reservation=program.output_token_reservation,
+        output_token_reservation=program.lifecycle.output_token_reservation,
         decode_buffer_tokens=decode_buffer_tokens,
     )
 

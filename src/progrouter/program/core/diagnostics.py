@@ -315,11 +315,12 @@ class Diagnostics:
         }
 
     def _program(self, program: Program, now: float) -> dict[str, Any]:
-        identity = program.identity
+        record = program.lifecycle
+        identity, shared = record.identity, record.shared_prefix
         front = self._pool.front_hints(program)
-        hints = front if front is not None else program.last_hints
+        hints = front if front is not None else record.last_hints
         decode_buffer = self._config.decode_buffer_tokens
-        force, ttl = self._keeper.record(program), program.acting_ttl
+        force, ttl = self._keeper.record(program), record.acting_ttl
         return {
             "program": program.redacted,
             "generation": program.ref.generation,
@@ -336,7 +337,7 @@ class Diagnostics:
             "blocks_parent": identity.blocks_parent,
             "agent_role": identity.agent_role,
             "spawn_reason": identity.spawn_reason,
-            "step_id": program.step_id,
+            "step_id": record.step_id,
             "request_id": redact(hints.request_id),
             "request_priority": hints.priority,
             "request_deadline_seconds": hints.deadline_seconds,
@@ -349,17 +350,17 @@ class Diagnostics:
             "resident_tokens": None
             if self._residency is None
             else self._residency.diagnostic(program),  # what its Rank's KV events say it holds
-            "shared_prefix_tokens": program.shared_prefix.tokens,
-            "shared_prefix_freshness_remaining_seconds": _remaining(program.shared_prefix.fresh_until, now),
+            "shared_prefix_tokens": shared.tokens,
+            "shared_prefix_freshness_remaining_seconds": _remaining(shared.fresh_until, now),
             "logical_tokens": program.estimated_context_tokens + decode_buffer,
             "private_tokens": program_private_tokens(program, decode_buffer),
             "charged_tokens": self._ledger.charged(program),
             "in_flight_requests": program.in_flight,
             "waiting_requests": self._pool.waiting(program),
-            "completed_requests": program.completions.requests,
-            "segment_served_rounds": program.segment.served_rounds,
+            "completed_requests": record.completions.requests,
+            "segment_served_rounds": record.segment.served_rounds,
             "rounds_since_activation": program.rounds_since_activation,
-            "rounds_since_ttl_pause": program.segment.rounds_since_ttl_pause,
+            "rounds_since_ttl_pause": record.segment.rounds_since_ttl_pause,
             "pause_when_idle": program.pause_when_idle,
             "pause_reason": None if program.last_pause_reason is None else program.last_pause_reason.value,
             "acting_seconds": None if ttl is None else max(0.0, now - ttl.since),
@@ -447,7 +448,7 @@ class SchedulerView:
                 self._shown_state(p),
                 p.last_target,
                 p.estimated_context_tokens,
-                None if p.acting_ttl is None else p.acting_ttl.deadline,
+                None if p.lifecycle.acting_ttl is None else p.lifecycle.acting_ttl.deadline,
                 self._pool.waiting(p),
                 p.created_at,
             )

@@ -18,14 +18,18 @@ idle Paused Programs (``paused_idle``), oldest first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from progrouter.program.core.demand import program_private_tokens, required_tokens
 from progrouter.program.core.factors import ContinuitySample, RequestSample
 from progrouter.program.core.rank_capacity import watermark_tokens
 from progrouter.program.core.records import (
+    NO_COMPLETIONS,
+    NO_SEGMENT,
+    NO_SHARED_PREFIX,
     ActingTTL,
     Completions,
+    LifecycleRecord,
     Pause,
     PauseReason,
     Segment,
@@ -43,10 +47,11 @@ from progrouter.program.formulas.repair import (
     repair_score,
 )
 from progrouter.program.formulas.ttl_fit import completion_cache_miss_impact
-from progrouter.program.types import UsageObservation
+from progrouter.program.types import ProgramIdentity, RequestHints, UsageObservation
 
 #: enum members read on every completion, as plain globals (why: ``state.ACTIVE``)
 _TTL_EXPIRED = PauseReason.TTL_EXPIRED
+_NO_HINTS = RequestHints()
 
 if TYPE_CHECKING:
     from progrouter.config import ProgramSchedulingConfig
@@ -66,37 +71,70 @@ if TYPE_CHECKING:
     from progrouter.program.variants.acting_ttl import TTLPolicy
 
 
+class _Record(LifecycleRecord):
+    """The writable ``LifecycleRecord``: made by ``Lifecycle.new_record`` and written only here, each writer
+    casting ``program.lifecycle`` back to it (everyone else reads it as the read-only ``LifecycleRecord``)."""
+
+    __slots__ = (
+        "acting_ttl",
+        "completions",
+        "context_shrink_observations",
+        "identity",
+        "last_hints",
+        "output_token_reservation",
+        "pause",
+        "segment",
+        "shared_prefix",
+        "step_id",
+    )
+
+    def __init__(self, identity: ProgramIdentity, step_id: int, pause: Pause) -> None:
+        self.identity: ProgramIdentity = identity
+        self.step_id: int = step_id
+        self.last_hints: RequestHints = _NO_HINTS
+        self.output_token_reservation: int | None = None
+        self.context_shrink_observations: int = 0
+        self.acting_ttl: ActingTTL | None = None
+        self.pause: Pause | None = pause
+        self.segment: Segment = NO_SEGMENT
+        self.shared_prefix: SharedPrefix = NO_SHARED_PREFIX
+        self.completions: Completions = NO_COMPLETIONS
+
+
 # ------------------------------------------------------------------------------- records without a component
 def activated(program: Program, now: float) -> None:
     """Admission placed the Program: no TTL, no pause (the segment-yield marker goes), a segment starts."""
-    program.acting_ttl = None
-    program.pause = None
-    segment = program.segment
+    record = cast(_Record, program.lifecycle)
+    record.acting_ttl = None
+    record.pause = None
+    segment = record.segment
     if segment.started_at is None:
-        program.segment = Segment(now, *segment[1:])
+        record.segment = Segment(now, *segment[1:])
 
 
 def rebound(program: Program, now: float) -> None:
     """A Paused Program got a new home: its segment ends and the next one observes the shared prefix
     afresh; it counts as paused from now (keeping why it paused)."""
-    reason = None if program.pause is None else program.pause.reason
-    program.pause = Pause(now, reason)
-    program.acting_ttl = None
-    program.segment = Segment(None, *program.segment[1:])
-    shared = program.shared_prefix
-    program.shared_prefix = SharedPrefix(shared.tokens, False, shared.anchor_at, shared.fresh_until)
+    record = cast(_Record, program.lifecycle)
+    reason = None if record.pause is None else record.pause.reason
+    record.pause = Pause(now, reason)
+    record.acting_ttl = None
+    record.segment = Segment(None, *record.segment[1:])
+    shared = record.shared_prefix
+    record.shared_prefix = SharedPrefix(shared.tokens, False, shared.anchor_at, shared.fresh_until)
 
 
 def observe_context(table: ProgramTable, program: Program, prompt_tokens: int) -> None:
     """Growth applies at once; a shrink only after two consecutive lower observations."""
+    record = cast(_Record, program.lifecycle)
     if prompt_tokens >= program.estimated_context_tokens:
         table.set_context(program, prompt_tokens)
-        program.context_shrink_observations = 0
+        record.context_shrink_observations = 0
         return
-    program.context_shrink_observations += 1
-    if program.context_shrink_observations >= 2:
+    record.context_shrink_observations += 1
+    if record.context_shrink_observations >= 2:
         table.set_context(program, prompt_tokens)
-        program.context_shrink_observations = 0
+        record.context_shrink_observations = 0
 
 
 def shared_prefix_lifetime(
@@ -184,40 +222,48 @@ class Lifecycle:
         self.paused_idle: dict[Program, None] = {}
 
     # arrival side
-    def arrived(self, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
-        """A request of ``program`` arrived (``new``: its generation was just created): its identity, step,
-        context and hints are the request's now, and it is Reasoning until it is idle again."""
+    @staticmethod
+    def new_record(request: ProgramRequest, now: float) -> LifecycleRecord:
+        """The record of a new generation (``ProgramTable.materialize`` puts it on the Program): paused since
+        now, for no reason yet (never placed), at the request's step (0 without one)."""
         identity = request.identity
-        if new:
-            program.pause = Pause(now, None)
-            program.step_id = identity.step_id if identity.step_id is not None else 0
-        else:
+        return _Record(identity, identity.step_id if identity.step_id is not None else 0, Pause(now, None))
+
+    def arrived(self, program: Program, request: ProgramRequest, now: float, *, new: bool) -> None:
+        """A request of ``program`` arrived (``new``: its generation was just created from ``new_record``):
+        its identity, step, context and hints are the request's now, and it is Reasoning until it is idle
+        again."""
+        record = cast(_Record, program.lifecycle)
+        identity = request.identity
+        if not new:
             self.record_continuity(program, now)
-            program.identity = identity
-            program.step_id = identity.step_id if identity.step_id is not None else program.step_id + 1
+            record.identity = identity
+            record.step_id = identity.step_id if identity.step_id is not None else record.step_id + 1
         self.paused_idle.pop(program, None)  # it has a request: not idle any more
         self._lineage.link(
             request.model_pool, identity.program_id, identity.parent_program_id, identity.root_program_id
         )
         if request.estimated_context_tokens > program.estimated_context_tokens:
             self._table.set_context(program, request.estimated_context_tokens)
-        program.output_token_reservation = request.hints.expected_output_tokens
-        program.last_hints = request.hints
+        record.output_token_reservation = request.hints.expected_output_tokens
+        record.last_hints = request.hints
         self._table.retain(program)
 
     def withdrawn_idle(self, program: Program, now: float) -> None:
         """A withdrawn request left the Program idle: one that never completed a request ends, a Paused one
         starts (or keeps) its retention clock."""
-        if program.completions.requests == 0:
+        record = cast(_Record, program.lifecycle)
+        if record.completions.requests == 0:
             self.release(program, now)
         elif program.state is ProgramState.PAUSED:
-            if program.pause is None:
-                program.pause = Pause(now, None)
+            if record.pause is None:
+                record.pause = Pause(now, None)
             self.arm_retention(program)
 
     def record_continuity(self, program: Program, now: float) -> None:
         """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
-        finished = program.completions.last_finished_at
+        record = program.lifecycle
+        finished = record.completions.last_finished_at
         target = program.last_target
         if program.in_flight or finished is None or target is None or target not in self._fleet.targets:
             return
@@ -250,6 +296,7 @@ class Lifecycle:
         terminate: bool,
     ) -> None:
         """Apply one (current-epoch) completion; the caller already checked it is not stale."""
+        record = cast(_Record, program.lifecycle)
         config = self._config
         target = dispatch.target.id
         factors = self._stats.of(target)
@@ -260,7 +307,7 @@ class Lifecycle:
             prompt,
             explicit_cached if explicit_cached is not None else round(factors.average_cached_prompt_tokens()),
         )
-        impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, program.shared_prefix.tokens)
+        impact = completion_cache_miss_impact(config.prefill_cost_model, prompt, record.shared_prefix.tokens)
         idle = self._table.request_finished(program)
         if usage.prompt_tokens is not None:
             observe_context(self._table, program, usage.prompt_tokens)
@@ -268,7 +315,7 @@ class Lifecycle:
             continuous = self._segment_bookkeeping(
                 program, dispatch, now, prompt, cached, explicit_cached, impact
             )
-            previous = program.completions.last_context_tokens
+            previous = record.completions.last_context_tokens
             factors.push_request(
                 RequestSample(  # (by position: keywords cost a dict per completion)
                     prompt,
@@ -278,14 +325,14 @@ class Lifecycle:
                     max(0.0, now - dispatch.dispatched_at),  # end to end
                     decode_seconds,
                     dispatch.queued_seconds,
-                    program.segment.rounds_since_ttl_pause,
+                    record.segment.rounds_since_ttl_pause,
                     now,  # finished at
                 )
             )
             self._agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
-            program.completions = Completions(program.completions.requests + 1, now, prompt)
+            record.completions = Completions(record.completions.requests + 1, now, prompt)
             self._table.count_completion(program, impact, round_served=continuous)
-        program.output_token_reservation = None
+        record.output_token_reservation = None
         if program.state is ACTIVE and not program.pause_when_idle:
             self._ledger.recharge(program, program_private_tokens(program, config.decode_buffer_tokens))
         if idle:
@@ -332,14 +379,15 @@ class Lifecycle:
         """Rounds and segments of a successful completion; a placement start that lost the cache begins a
         new segment and observes the shared prefix. Returns whether the round was continuous (the caller
         counts it with the completion's impact, in one move of the Rank's round histogram)."""
-        previous = program.completions.last_context_tokens
+        record = cast(_Record, program.lifecycle)
+        previous = record.completions.last_context_tokens
         continuous = cache_continuous(previous if previous > 0 else None, cached)
-        segment = program.segment
+        segment = record.segment
         started_at, served = segment.started_at, segment.served_rounds
         if dispatch.placement_start_request and (previous <= 0 or not continuous):
             started_at, served = dispatch.dispatched_at, 0
             self._observe_shared_prefix(program, dispatch.target.id, explicit_cached, now)
-        program.segment = Segment(
+        record.segment = Segment(
             started_at,
             served + 1,
             segment.ttl_pause_sampled_rounds,
@@ -355,7 +403,8 @@ class Lifecycle:
         self, program: Program, target: str, explicit_cached: int | None, now: float
     ) -> None:
         """A new segment observes the shared prefix, unless the last observation is still fresh."""
-        shared = program.shared_prefix
+        record = cast(_Record, program.lifecycle)
+        shared = record.shared_prefix
         if shared.observed and shared.fresh_until is not None and now < shared.fresh_until:
             return
         lifetime = shared_prefix_lifetime(
@@ -365,7 +414,7 @@ class Lifecycle:
             self._ledger.capacity(target),
         )
         # Missing cached usage is no evidence of a shared prefix: it observes 0.
-        program.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
+        record.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
         if explicit_cached is not None and self._telemetry.observing:
             self._telemetry.observer.histogram(
                 "shared_prefix_observed_tokens", explicit_cached, target=target
@@ -382,6 +431,7 @@ class Lifecycle:
         previous: int,
         continuous: bool,
     ) -> None:
+        record = program.lifecycle
         observer = self._telemetry.observer
         target = dispatch.target.id
         if (
@@ -402,7 +452,7 @@ class Lifecycle:
                 uncached_tokens=max(0, prompt - explicit_cached),
                 estimated_miss_tokens=max(0, previous - explicit_cached),
                 cache_miss_impact_seconds=impact,
-                segment_served_rounds=program.segment.served_rounds,
+                segment_served_rounds=record.segment.served_rounds,
             )
         if self._telemetry.debugging:
             observer.event(
@@ -421,6 +471,7 @@ class Lifecycle:
     # Progress-TTL
     def arm_ttl(self, program: Program, ttl: float, source: str, now: float) -> None:
         """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
+        record = cast(_Record, program.lifecycle)
         target = program.placement
         assert target is not None
         ttl = max(0.0, ttl)
@@ -433,18 +484,19 @@ class Lifecycle:
         if ttl <= 0.0:
             self.expire_ttl(program, now)  # (no ActingTTL record: the pause would drop it at once)
         else:
-            program.acting_ttl = ActingTTL(now, now + ttl)
+            record.acting_ttl = ActingTTL(now, now + ttl)
             self._timers.arm(program, ACTING_TTL, now + ttl)
 
     def on_ttl_timer(self, program: Program, now: float) -> None:
-        acting = program.acting_ttl
+        record = cast(_Record, program.lifecycle)
+        acting = record.acting_ttl
         if program.phase != AA or acting is None:
             return
         deadline = acting.deadline
         if deadline <= now:
             hold = self._ttl.hold(program, program.placement or "", now - acting.since)
             if hold > 0.0:  # the weighed or adaptive TTL's check: held on
-                program.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
+                record.acting_ttl, deadline = ActingTTL(acting.since, now + hold), now + hold
                 self._timers.arm(program, ACTING_TTL, deadline)
                 return
             self.expire_ttl(program, now)
@@ -452,26 +504,28 @@ class Lifecycle:
             self._timers.arm(program, ACTING_TTL, deadline)
 
     def expire_ttl(self, program: Program, now: float) -> None:
+        record = cast(_Record, program.lifecycle)
         target = program.placement
         assert target is not None
-        segment = program.segment
+        segment = record.segment
         rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
         self._stats.of(target).push_ttl_pause_rounds(max(0, rounds))
-        program.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
+        record.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
         self.pause(program, _TTL_EXPIRED, now)
 
     # pause / release
     def pause(self, program: Program, reason: PauseReason, now: float) -> None:
         """An idle Active Program gives its placement up; its KV is no longer protected."""
+        record = cast(_Record, program.lifecycle)
         released = self._ledger.charged(program)
         target = self._table.pause(program)
-        program.pause = Pause(now, reason)
-        program.acting_ttl = None
-        shared = program.shared_prefix
+        record.pause = Pause(now, reason)
+        record.acting_ttl = None
+        shared = record.shared_prefix
         anchor, fresh_until = shared.anchor_at, shared.fresh_until
         if anchor is not None and fresh_until is not None:  # its freshness restarts now
             lifetime = max(0.0, fresh_until - anchor)
-            program.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
+            record.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
         if self._telemetry.observing:
             self._telemetry.observer.transition(target, reason.value)
             self._telemetry.observer.event(
@@ -487,8 +541,9 @@ class Lifecycle:
     def arm_retention(self, program: Program) -> None:
         """An idle Paused Program is released ``paused_retention_ttl_seconds`` after it paused, or earlier
         by ``release_excess_paused``."""
-        assert program.pause is not None
-        due = program.pause.at + self._config.paused_retention_ttl_seconds
+        record = program.lifecycle
+        assert record.pause is not None
+        due = record.pause.at + self._config.paused_retention_ttl_seconds
         self._timers.arm(program, PAUSED_RETENTION, due)
         idle = self.paused_idle
         idle.pop(program, None)
@@ -503,7 +558,8 @@ class Lifecycle:
             self.release(next(iter(idle)), now, reason="paused_retention_release")
 
     def on_retention_timer(self, program: Program, now: float) -> None:
-        pause = program.pause
+        record = program.lifecycle
+        pause = record.pause
         if program.phase != PA or pause is None:
             return  # it is waiting or Active again: the next pause arms a new release
         due = pause.at + self._config.paused_retention_ttl_seconds
@@ -596,7 +652,7 @@ class CapacityRepair:
             reasoning = program.status is ProgramStatus.REASONING
             if reasoning and (program.pause_when_idle or not program.in_flight):
                 continue
-            started = program.segment.started_at
+            started = program.lifecycle.segment.started_at
             victim = RepairVictim(
                 program_id=program.ref.program_id,
                 reasoning=reasoning,
@@ -604,7 +660,7 @@ class CapacityRepair:
                     0.0 if started is None else max(0.0, now - started),
                     program.estimated_context_tokens
                     if reasoning
-                    else program.completions.last_context_tokens,
+                    else program.lifecycle.completions.last_context_tokens,
                     avg_prompt,
                 ),
                 private_tokens=program_private_tokens(program, decode_buffer),

@@ -1,8 +1,10 @@
-"""A Program's decision state as small records, each written by exactly one module and replaced whole.
+"""A Program's decision state as small records, each held by exactly one owner and replaced whole.
 
-A record is an immutable tuple: a module changes it by assigning a new one, so resetting a group of facts is
-one assignment and can never be partial. Who may assign which ``Program`` field is ``state.FIELD_OWNERS``;
-everyone else only reads (a test walks the package and fails on any other write).
+A record is an immutable tuple: its owner changes it by assigning a new one, so resetting a group of facts is
+one assignment and can never be partial. Nobody else can assign one: the owner keeps it in a table of its
+own, or — the lifecycle's records, read on every event — in the Program's ``LifecycleRecord``, which
+everyone else sees through this read-only class (mypy rejects a write through it; only lifecycle.py holds
+the writable subclass).
 
     record          owner            what it holds
     QueueEntry      queues.py        the Program's place in its Rank queue and its frozen demand there (in the
@@ -14,12 +16,17 @@ everyone else only reads (a test walks the package and fails on any other write)
     Segment         lifecycle.py     the continuous segment it is serving: start and round counters
     SharedPrefix    lifecycle.py     the shared prefix observed at its last placement start, and its freshness
     Completions     lifecycle.py     what its completed requests left behind
+    LifecycleRecord lifecycle.py     all of the lifecycle's: identity, step, hints, output reservation,
+                                     context shrink count and the five records above (on the Program)
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from progrouter.program.types import ProgramIdentity, RequestHints
 
 
 class PauseReason(StrEnum):
@@ -98,3 +105,51 @@ class Completions(NamedTuple):
 NO_SEGMENT = Segment()
 NO_SHARED_PREFIX = SharedPrefix()
 NO_COMPLETIONS = Completions()
+
+
+class LifecycleRecord:
+    """A Program's lifecycle facts, read-only: lifecycle.py's private subclass, the only one built, shadows
+    each property with a writable slot (plain, a read costs what a slot costs; compiled, one native getter
+    call)."""
+
+    __slots__ = ()
+
+    @property
+    def identity(self) -> ProgramIdentity:  # the last request's identity
+        raise NotImplementedError
+
+    @property
+    def step_id(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def last_hints(self) -> RequestHints:
+        raise NotImplementedError
+
+    @property
+    def output_token_reservation(self) -> int | None:  # until its request completes
+        raise NotImplementedError
+
+    @property
+    def context_shrink_observations(self) -> int:  # consecutive lower prompt observations
+        raise NotImplementedError
+
+    @property
+    def acting_ttl(self) -> ActingTTL | None:
+        raise NotImplementedError
+
+    @property
+    def pause(self) -> Pause | None:
+        raise NotImplementedError
+
+    @property
+    def segment(self) -> Segment:
+        raise NotImplementedError
+
+    @property
+    def shared_prefix(self) -> SharedPrefix:
+        raise NotImplementedError
+
+    @property
+    def completions(self) -> Completions:
+        raise NotImplementedError

@@ -33,7 +33,7 @@ def _tiers(
     program: Program, force: ForceResume | None, front: RequestHints | None, now: float
 ) -> tuple[int, int, int]:
     priority = front.priority if front is not None else 0
-    pause = program.pause
+    pause = program.lifecycle.pause
     yielded = 1 if pause is not None and pause.reason is _YIELD else 0
     return (0 if forced(force, now) else 1, -priority, yielded)
 
@@ -50,7 +50,7 @@ def local_key(
     forced, priority, yielded = _tiers(program, force, front, now)
     queued = queued_at(force, now)
     if order is _MRU:
-        finished = program.completions.last_finished_at
+        finished = program.lifecycle.completions.last_finished_at
         recency = -finished if finished is not None else math.inf
         return (forced, priority, yielded, recency, queued, program.ref.program_id, program.serial)
     return (forced, priority, yielded, queued, 0.0, program.ref.program_id, program.serial)

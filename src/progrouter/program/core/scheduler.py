@@ -247,7 +247,7 @@ class ProgramScheduler:
         front = self._pool.front(program)
         home = self._bind(
             program.ref.model_pool,
-            program.identity.placement_hash_key,
+            program.lifecycle.identity.placement_hash_key,
             None if front is None else front.routing_text,
             program.estimated_context_tokens,
             now,
@@ -306,7 +306,9 @@ class ProgramScheduler:
                 request.estimated_context_tokens,
                 now,
             )
-            program = self._table.materialize(now, request.model_pool, request.identity, home)
+            program = self._table.materialize(
+                now, request.model_pool, self._lifecycle.new_record(request, now), home
+            )
         self._lifecycle.arrived(program, request, now, new=new)
         if residency is not None:
             residency.on_arrival(program, request, now)

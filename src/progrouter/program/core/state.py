@@ -11,9 +11,10 @@ Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
    ``last_target`` and generations, and the indexed facts ``rounds_since_activation``,
    ``estimated_context_tokens``, ``last_cache_miss_impact_seconds`` and ``pause_when_idle`` (each Rank keeps
-   sums of them for the growth reserve, batch gain and repair). Every other field has one owner module
-   (``FIELD_OWNERS``) that replaces it whole — the decision records of records.py — and a test fails on any
-   write from elsewhere.
+   sums of them for the growth reserve, batch gain and repair). That is the types' doing, not a convention:
+   ``Program`` declares them as read-only properties and the table's private row class (table.py), the only
+   class it builds, shadows them with writable slots. The lifecycle's facts are ``program.lifecycle``, a
+   read-only ``LifecycleRecord`` (records.py) only lifecycle.py can write; identity is ``Final``.
 2. The allowed phase changes are the ``TRANSITIONS`` table below; any other change raises
    ``IllegalTransition`` at once. Capacity follows placement: activating charges the ledger, every way out of
    Active (pause, invalidate, release) discharges it, so the ledger cannot drift from the states.
@@ -26,23 +27,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from progrouter.program.core.records import (
-    NO_COMPLETIONS,
-    NO_SEGMENT,
-    NO_SHARED_PREFIX,
-    ActingTTL,
-    Completions,
-    Pause,
-    PauseReason,
-    Segment,
-    SharedPrefix,
-)
-from progrouter.program.types import ProgramIdentity, RequestHints
+from progrouter.program.core.records import LifecycleRecord, PauseReason
 
 
 class ProgramState(StrEnum):
@@ -106,78 +97,70 @@ class ProgramRef:
         return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-#: Who may assign each ``Program`` field (a module of this package); everyone else reads. The fields owned
-#: here are the phase, the placement and the facts the per-Rank indexes sum; the rest are records
-#: (records.py) or single facts replaced whole by their owner. tests/program/test_fence.py enforces it.
-FIELD_OWNERS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "state",
-            "status",
-            "placement",
-            "placement_epoch",
-            "placement_start_pending",
-            "in_flight",
-            "home_target",
-            "last_target",
-            "rounds_since_activation",
-            "estimated_context_tokens",
-            "last_cache_miss_impact_seconds",
-            "pause_when_idle",
-        ),
-        "table",
-    ),
-    **dict.fromkeys(
-        (
-            "identity",
-            "step_id",
-            "last_hints",
-            "output_token_reservation",
-            "context_shrink_observations",
-            "acting_ttl",
-            "pause",
-            "segment",
-            "shared_prefix",
-            "completions",
-        ),
-        "lifecycle",
-    ),
-}
-
-
-@dataclass(eq=False, slots=True)
 class Program:
-    """One Program generation: its phase and placement (owned here) and the decision records policy
-    modules replace whole (``FIELD_OWNERS`` says who writes which)."""
+    """One Program generation as everyone but ``ProgramTable`` sees it: who it is, its phase and placement
+    (read-only here: the table's row class, table.py, is the only writable one, and the only one built) and
+    the lifecycle's record (read-only too, records.py). mypy rejects an assignment to any of them."""
 
-    ref: ProgramRef
-    identity: ProgramIdentity
-    serial: int  # scheduler-wide creation order, a cheap unique tie-break
-    redacted: str
-    created_at: float
-    # --- phase and placement (ProgramTable) ----------------------------------------------------------
-    state: ProgramState = ProgramState.PAUSED
-    status: ProgramStatus = ProgramStatus.REASONING
-    placement: str | None = None
-    placement_epoch: int = 0
-    placement_start_pending: bool = False
-    in_flight: int = 0
-    home_target: str | None = None
-    last_target: str | None = None
-    rounds_since_activation: int = 0  # indexed per Rank (growth reserve, batch gain)
-    estimated_context_tokens: int = 0  # indexed per Rank while Active+Reasoning
-    last_cache_miss_impact_seconds: float = 0.0  # indexed per Rank while Active
-    pause_when_idle: bool = False  # capacity repair's mark, indexed per Rank
-    # --- lifecycle ------------------------------------------------------------------------------------
-    step_id: int = 0
-    last_hints: RequestHints = field(default_factory=RequestHints)
-    output_token_reservation: int | None = None
-    context_shrink_observations: int = 0
-    acting_ttl: ActingTTL | None = None
-    pause: Pause | None = None
-    segment: Segment = NO_SEGMENT
-    shared_prefix: SharedPrefix = NO_SHARED_PREFIX
-    completions: Completions = NO_COMPLETIONS
+    __slots__ = ("created_at", "lifecycle", "redacted", "ref", "serial")
+
+    def __init__(
+        self, ref: ProgramRef, serial: int, redacted: str, created_at: float, lifecycle: LifecycleRecord
+    ) -> None:
+        self.ref: Final = ref
+        self.serial: Final = serial  # scheduler-wide creation order, a cheap unique tie-break
+        self.redacted: Final = redacted
+        self.created_at: Final = created_at
+        self.lifecycle: Final = lifecycle  # the lifecycle's facts (records.LifecycleRecord)
+
+    # --- phase and placement: the table's row provides them (each shadows its property there) ----------
+    @property
+    def state(self) -> ProgramState:
+        raise NotImplementedError
+
+    @property
+    def status(self) -> ProgramStatus:
+        raise NotImplementedError
+
+    @property
+    def placement(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def placement_epoch(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def placement_start_pending(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def home_target(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def last_target(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def rounds_since_activation(self) -> int:  # indexed per Rank (growth reserve, batch gain)
+        raise NotImplementedError
+
+    @property
+    def estimated_context_tokens(self) -> int:  # indexed per Rank while Active+Reasoning
+        raise NotImplementedError
+
+    @property
+    def last_cache_miss_impact_seconds(self) -> float:  # indexed per Rank while Active
+        raise NotImplementedError
+
+    @property
+    def pause_when_idle(self) -> bool:  # capacity repair's mark, indexed per Rank
+        raise NotImplementedError
 
     @property
     def phase(self) -> Phase:
@@ -197,17 +180,17 @@ class Program:
 
     @property
     def paused_at(self) -> float | None:
-        pause = self.pause
+        pause = self.lifecycle.pause
         return None if pause is None else pause.at
 
     @property
     def last_pause_reason(self) -> PauseReason | None:
-        pause = self.pause
+        pause = self.lifecycle.pause
         return None if pause is None else pause.reason
 
     @property
     def completed_requests(self) -> int:
-        return self.completions.requests
+        return self.lifecycle.completions.requests
 
 
 class RankPrograms:

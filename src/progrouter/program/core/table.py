@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -20,19 +20,66 @@ from progrouter.program.core.state import (
     _RETAIN,
     ACTING,
     ACTIVE,
+    PAUSED,
     REASONING,
     TRANSITIONS,
     Event,
     IllegalTransition,
     Program,
     ProgramRef,
+    ProgramState,
+    ProgramStatus,
     RankPrograms,
 )
 
 if TYPE_CHECKING:
     from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.pool import RequestPool
-    from progrouter.program.types import ProgramIdentity
+    from progrouter.program.core.records import LifecycleRecord
+
+
+class _Row(Program):
+    """A Program as the table holds it: the only class whose phase and placement can be assigned, built only
+    by ``materialize``; everyone else holds it as a ``Program``, whose same names are read-only properties
+    (these slots shadow them: plain, a read costs what a slot costs; compiled, one native getter call)."""
+
+    __slots__ = (
+        "estimated_context_tokens",
+        "home_target",
+        "in_flight",
+        "last_cache_miss_impact_seconds",
+        "last_target",
+        "pause_when_idle",
+        "placement",
+        "placement_epoch",
+        "placement_start_pending",
+        "rounds_since_activation",
+        "state",
+        "status",
+    )
+
+    def __init__(
+        self,
+        ref: ProgramRef,
+        serial: int,
+        redacted: str,
+        created_at: float,
+        lifecycle: LifecycleRecord,
+        home: str | None,
+    ) -> None:
+        super().__init__(ref, serial, redacted, created_at, lifecycle)
+        self.state: ProgramState = PAUSED
+        self.status: ProgramStatus = REASONING
+        self.placement: str | None = None
+        self.placement_epoch: int = 0
+        self.placement_start_pending: bool = False
+        self.in_flight: int = 0
+        self.home_target: str | None = home
+        self.last_target: str | None = None
+        self.rounds_since_activation: int = 0
+        self.estimated_context_tokens: int = 0
+        self.last_cache_miss_impact_seconds: float = 0.0
+        self.pause_when_idle: bool = False
 
 
 @mypyc_attr(native_class=False)  # compiled, a dict subclass must stay a plain class
@@ -98,17 +145,18 @@ class ProgramTable:
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def materialize(
-        self, now: float, model_pool: str, identity: ProgramIdentity, home: str | None
+        self, now: float, model_pool: str, lifecycle: LifecycleRecord, home: str | None
     ) -> Program:
-        """A new generation, Paused+Reasoning, bound to ``home`` (None when the pool has no Rank)."""
-        key = (model_pool, identity.program_id)
+        """A new generation, Paused+Reasoning, bound to ``home`` (None when the pool has no Rank), carrying
+        the lifecycle's record (``Lifecycle.new_record``) of its first request."""
+        program_id = lifecycle.identity.program_id
+        key = (model_pool, program_id)
         if key in self._programs:
             raise IllegalTransition(f"a generation of {key!r} is live already")
         previous = self._released.pop(key, None)
         generation = 0 if previous is None else previous + 1
-        ref = ProgramRef(model_pool, identity.program_id, generation)
-        program = Program(ref, identity, next(self._serials), ref.redacted_id(), now)
-        program.home_target = home
+        ref = ProgramRef(model_pool, program_id, generation)
+        program = _Row(ref, next(self._serials), ref.redacted_id(), now, lifecycle, home)
         self._programs[key] = program
         self._attribute(program, home)
         return program
@@ -125,16 +173,17 @@ class ProgramTable:
     def activate(self, program: Program, target_id: str, tokens: int, *, overflow: bool = False) -> None:
         """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity;
         ``overflow``: a forced resume past the Rank's limits (at most one per Rank at a time)."""
+        row = cast(_Row, program)
         self._move(program, _ACTIVATE)
-        program.placement = target_id
-        program.placement_epoch = next(self._epochs)
-        program.placement_start_pending = True
-        program.rounds_since_activation = 0
+        row.placement = target_id
+        row.placement_epoch = next(self._epochs)
+        row.placement_start_pending = True
+        row.rounds_since_activation = 0
         self._attribute(program, target_id)
         rank = self.ranks[target_id]
         rank.reasoning[program] = None
         rank.active_count += 1
-        rank.reasoning_context += program.estimated_context_tokens
+        rank.reasoning_context += row.estimated_context_tokens
         rank._enter(program)
         if overflow:
             rank.overflow = program
@@ -145,12 +194,13 @@ class ProgramTable:
         ``seconds``, its cache-miss impact. The Rank's round histogram moves once, with the same float
         operations in the same order as leaving and entering it for each fact in turn (so its sums are
         bit for bit what two moves give)."""
-        old = program.last_cache_miss_impact_seconds
-        rounds_since = program.rounds_since_activation
-        program.last_cache_miss_impact_seconds = seconds
+        row = cast(_Row, program)
+        old = row.last_cache_miss_impact_seconds
+        rounds_since = row.rounds_since_activation
+        row.last_cache_miss_impact_seconds = seconds
         if round_served:
-            program.rounds_since_activation = rounds_since + 1
-        target = program.placement
+            row.rounds_since_activation = rounds_since + 1
+        target = row.placement
         if target is None:
             return
         rank = self.ranks[target]
@@ -172,24 +222,27 @@ class ProgramTable:
 
     def set_context(self, program: Program, tokens: int) -> None:
         """The Program's context estimate (indexed while it is Active+Reasoning)."""
-        if program.placement is not None and program.status is REASONING:
-            self.ranks[program.placement].reasoning_context += tokens - program.estimated_context_tokens
-        program.estimated_context_tokens = tokens
+        row = cast(_Row, program)
+        if row.placement is not None and row.status is REASONING:
+            self.ranks[row.placement].reasoning_context += tokens - row.estimated_context_tokens
+        row.estimated_context_tokens = tokens
 
     def dispatched(self, program: Program) -> bool:
         """A request of an Active Program starts; returns whether it is the first of its placement."""
-        if program.state is not ACTIVE:
-            raise IllegalTransition(f"dispatch of a {program.state} Program")
-        program.in_flight += 1
-        first = program.placement_start_pending
-        program.placement_start_pending = False
+        row = cast(_Row, program)
+        if row.state is not ACTIVE:
+            raise IllegalTransition(f"dispatch of a {row.state} Program")
+        row.in_flight += 1
+        first = row.placement_start_pending
+        row.placement_start_pending = False
         return first
 
     def request_finished(self, program: Program) -> bool:
         """A dispatched request ended; returns whether the Program became idle (→ Acting)."""
-        if program.in_flight <= 0:
+        row = cast(_Row, program)
+        if row.in_flight <= 0:
             raise IllegalTransition("completion with nothing in flight")
-        program.in_flight -= 1
+        row.in_flight -= 1
         return self._idle_if_quiet(program)
 
     def request_withdrawn(self, program: Program) -> bool:
@@ -206,13 +259,14 @@ class ProgramTable:
 
     def invalidate(self, program: Program) -> str | None:
         """The placement Rank vanished: → Paused; in-flight requests are forgotten (completions stale)."""
-        target = program.placement
+        row = cast(_Row, program)
+        target = row.placement
         if target is None:
             return None
         self._move(program, Event.INVALIDATE)
         self._leave_placement(program, target)
-        program.in_flight = 0
-        program.placement_epoch = next(self._epochs)
+        row.in_flight = 0
+        row.placement_epoch = next(self._epochs)
         self._idle_if_quiet(program)
         return target
 
@@ -233,17 +287,19 @@ class ProgramTable:
 
     def rebind(self, program: Program, target_id: str | None) -> None:
         """A Paused Program's home and last Rank become ``target_id`` (failover, or its pool came back)."""
+        row = cast(_Row, program)
         if program.active:
             raise IllegalTransition("rebind of an Active Program")
-        program.home_target = target_id
+        row.home_target = target_id
         self._attribute(program, target_id)
 
     def set_marked(self, program: Program, marked: bool) -> None:
         """Capacity repair's deferred pause mark, indexed per Rank for the repair and segment-yield sums."""
-        program.pause_when_idle = marked
-        if program.placement is None:
+        row = cast(_Row, program)
+        row.pause_when_idle = marked
+        if row.placement is None:
             return
-        rank = self.ranks[program.placement]
+        rank = self.ranks[row.placement]
         if marked:
             rank.marked[program] = None
         else:
@@ -251,27 +307,28 @@ class ProgramTable:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _move(self, program: Program, event: Event) -> None:
-        before_state, before_status = program.state, program.status
-        row, before = TRANSITIONS[event], (before_state, before_status)
-        if before not in row:  # (not a sentinel compared by identity: compiled, a tuple is a new object)
+        row = cast(_Row, program)
+        before_state, before_status = row.state, row.status
+        moves, before = TRANSITIONS[event], (before_state, before_status)
+        if before not in moves:  # (not a sentinel compared by identity: compiled, a tuple is a new object)
             raise IllegalTransition(f"{event} is not allowed from {before_state}+{before_status}")
-        after = row[before]
+        after = moves[before]
         if after is None:
             return
-        program.state, program.status = after
+        row.state, row.status = after
         if after[1] is before_status or before_state is not ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
-        target = program.placement
+        target = row.placement
         if target is not None and after[0] is ACTIVE:
             rank = self.ranks[target]
             if after[1] is REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
-                rank.reasoning_context += program.estimated_context_tokens
+                rank.reasoning_context += row.estimated_context_tokens
             elif after[1] is ACTING and program not in rank.acting:
                 rank.reasoning.pop(program, None)
                 rank.acting[program] = None
-                rank.reasoning_context -= program.estimated_context_tokens
+                rank.reasoning_context -= row.estimated_context_tokens
 
     def _idle_if_quiet(self, program: Program) -> bool:
         if program.in_flight == 0 and self._pool.waiting(program) == 0 and program.status is not ACTING:
@@ -280,30 +337,32 @@ class ProgramTable:
         return False
 
     def _leave_placement(self, program: Program, target: str) -> None:
+        row = cast(_Row, program)
         rank = self.ranks[target]
         if rank.reasoning.pop(program, _MISSING) is not _MISSING:
-            rank.reasoning_context -= program.estimated_context_tokens
+            rank.reasoning_context -= row.estimated_context_tokens
             rank.active_count -= 1
         elif rank.acting.pop(program, _MISSING) is not _MISSING:
             rank.active_count -= 1
-        if program.pause_when_idle:  # (marked exactly while placed with the mark)
+        if row.pause_when_idle:  # (marked exactly while placed with the mark)
             rank.marked.pop(program, None)
         rank._leave(program)
         if rank.overflow is program:
             rank.overflow = None
-        program.pause_when_idle = False
-        program.placement = None
-        program.placement_start_pending = False
+        row.pause_when_idle = False
+        row.placement = None
+        row.placement_start_pending = False
         self._ledger.discharge(program, target)
 
     def _attribute(self, program: Program, target_id: str | None, *, unbind: bool = True) -> None:
         """Move ``program`` to the ``attributed`` index of ``target_id`` (or the pool's unbound set)."""
-        old = program.last_target
+        row = cast(_Row, program)
+        old = row.last_target
         if old is not None:
             self.ranks[old].attributed.pop(program, None)
         else:
             self._unbound.get(program.ref.model_pool, {}).pop(program, None)
-        program.last_target = target_id
+        row.last_target = target_id
         if target_id is not None:
             self.ranks[target_id].attributed[program] = None
         elif unbind:

@@ -45,7 +45,7 @@ class AdaptiveTTL:
         config, stats = self._config, self._stats
         if stats.get(target_id) is None:
             return 0.0
-        completions = program.completions
+        completions = program.lifecycle.completions
         now = (completions.last_finished_at or 0.0) + elapsed_seconds
         queue = self._queues.get(target_id)
         local = 0 if queue is None else len(queue)

@@ -83,7 +83,7 @@ def may_move(
     now: float,
 ) -> bool:
     """The recompute-cost gate's decision for ``program``."""
-    source, pause = program.last_target, program.pause
+    source, pause = program.last_target, program.lifecycle.pause
     if source is None or pause is None:
         return True
     return move_pays(
