@@ -70,8 +70,9 @@ def test_a_trace_file_and_its_block_size(tmp_path: Path) -> None:
 
 def test_the_default_program_arm_is_the_recommended_deployment(tmp_path: Path) -> None:
     """Without --program-config the Program arm runs the recommended line: each Rank's reported KV as its
-    token capacity ("auto"), the global queue, least_program_count binding and the adaptive acting TTL (the spec's defaults are
-    untouched: an explicit config gets exactly what it says, as the first test shows)."""
+    token capacity ("auto"), the global queue, least_program_count binding and the adaptive acting TTL
+    (the spec's defaults are untouched: an explicit config gets exactly what it says, as the first test
+    shows)."""
     out = tmp_path / "r"
     flags = ["simulate", "--generate", "coding", *SMALL_FLAGS, "--ranks", "2", "--num-blocks", "96"]
     assert main([*flags, "--arms", "native,program", "--out", str(out)]) == 0
