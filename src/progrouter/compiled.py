@@ -31,7 +31,8 @@ _PROGRAM = (
     " core/rank_capacity core/rank_facts core/records core/resume core/resume_order core/scheduler"
     " core/state core/table core/telemetry core/timers formulas/accounting formulas/batch_gain"
     " formulas/force_resume formulas/freshness formulas/growth formulas/repair formulas/ttl_fit"
-    " formulas/ttl_weighing variants/acting_ttl variants/migration variants/warmup outcomes residency"
+    " formulas/ttl_pricing formulas/ttl_weighing variants/acting_ttl variants/adaptive_ttl variants/migration"
+    " variants/warmup outcomes residency"
 )
 #: the shell-side pieces every Program request passes through (driver, identity, estimate, usage, residency)
 _AGENTS = "driver identity residency_prompts token_estimator usage"

@@ -25,23 +25,20 @@ longest = st.floats(1.0, 300.0)
 
 
 def test_the_price_is_the_waiters_times_the_held_share() -> None:
-    assert hold_price(3.0, 100_000, 400_000, room_for_waiter=False) == pytest.approx(0.75)
-    assert hold_price(3.0, 500_000, 400_000, room_for_waiter=False) == 3.0  # never above the whole Rank
-    assert hold_price(0.0, 100_000, 400_000, room_for_waiter=False) == 0.0  # nobody waits
-    assert hold_price(3.0, 100_000, 400_000, room_for_waiter=True) == 0.0  # the waiters fit anyway
-    assert (
-        hold_price(3.0, 100_000, None, room_for_waiter=False) == 3.0
-    )  # capacity unknown: the weighed weight
+    assert hold_price(3.0, 100_000, 400_000) == pytest.approx(0.75)
+    assert hold_price(3.0, 500_000, 400_000) == 3.0  # never above the whole Rank
+    assert hold_price(0.0, 100_000, 400_000) == 0.0  # nobody waits
+    assert hold_price(3.0, 100_000, None) == 3.0  # capacity unknown: the weighed weight
 
 
 def test_a_free_rank_holds_to_the_longest_hold_and_a_crowded_small_rank_does_not() -> None:
     """A 100k-token context on the 8B profile (a miss ~10 s): alone it holds the whole 120 s; with one
     waiter on a Rank where it is a ninth of the KV it still holds through most tool calls (~1 min); with four
     waiters on a Rank it fills a third of (the 32B profile's) it lets go within the spec's 10 s."""
-    nobody = hold_price(0.0, 100_000, 900_000, room_for_waiter=False)
+    nobody = hold_price(0.0, 100_000, 900_000)
     free = adaptive_hold_seconds(GAPS, 10.0, nobody, 0.0, 120.0, deadline_due=False)
-    large = hold_price(1.0, 100_000, 900_000, room_for_waiter=False)
-    small = hold_price(4.0, 100_000, 300_000, room_for_waiter=False)
+    large = hold_price(1.0, 100_000, 900_000)
+    small = hold_price(4.0, 100_000, 300_000)
     assert free == 120.0
     assert 30.0 < adaptive_hold_seconds(GAPS, 10.0, large, 0.0, 120.0, deadline_due=False) < 120.0
     assert adaptive_hold_seconds(GAPS, 30.0, small, 0.0, 120.0, deadline_due=False) <= 10.0
@@ -81,15 +78,15 @@ def test_never_holds_when_a_force_resume_deadline_is_due(
 
 @given(
     waiters=st.floats(0.0, 50.0), more=st.floats(0.0, 10.0), held=st.integers(0, 10**6),
-    capacity=st.none() | st.integers(1, 10**6), room=st.booleans(),
+    capacity=st.none() | st.integers(1, 10**6),
 )  # fmt: skip
-def test_the_price_grows_with_the_waiters_and_costs_nothing_with_room(
-    waiters: float, more: float, held: int, capacity: int | None, room: bool
+def test_the_price_grows_with_the_waiters_and_costs_nothing_without_them(
+    waiters: float, more: float, held: int, capacity: int | None
 ) -> None:
-    price = hold_price(waiters, held, capacity, room_for_waiter=room)
+    price = hold_price(waiters, held, capacity)
     assert 0.0 <= price <= waiters
-    assert hold_price(waiters + more, held, capacity, room_for_waiter=room) >= price
-    if room:
+    assert hold_price(waiters + more, held, capacity) >= price
+    if waiters == 0.0:
         assert price == 0.0
 
 

@@ -7,10 +7,10 @@ the held context is the whole Rank. A held context of h tokens on a Rank of K to
 of the Rank; the waiters it keeps out lose that share of the Rank's service while it is held, so the adaptive
 rule prices a held second at
 
-    price = waiters × h / K          (0 when the Rank has room for the smallest waiter without the hold)
+    price = waiters × h / K
 
-and holds for the d maximising U_t(d) of ttl_weighing.py with ``weight = price``. Nobody waiting, or room
-for them: price 0, hold to the longest hold (nothing else wants the KV). Many waiters behind a large share of
+and holds for the d maximising U_t(d) of ttl_weighing.py with ``weight = price``. Nobody waiting: price 0,
+hold to the longest hold (nothing else wants the KV). Many waiters behind a large share of
 a small Rank: a high price, only the holds whose return is likely soon. A waiter whose force-resume deadline
 is due ends every hold on its Rank at once (the force resume would take the KV anyway).
 """
@@ -25,13 +25,12 @@ if TYPE_CHECKING:
     from progrouter.program.core.factors import LogNormalFit
 
 
-def hold_price(
-    waiters: float, held_tokens: int, capacity_tokens: int | None, *, room_for_waiter: bool
-) -> float:
-    """Waiter-seconds one held second costs: the ``waiters`` the hold keeps out times the share of the Rank
-    the held context takes (the whole Rank when its capacity is not known: the weighed TTL's weight). 0
-    when nobody waits or the Rank admits its smallest waiter without the held KV."""
-    if waiters <= 0.0 or room_for_waiter:
+def hold_price(waiters: float, held_tokens: int, capacity_tokens: int | None) -> float:
+    """Waiter-seconds one held second costs: the ``waiters`` still queued times the share of the Rank the
+    held context takes (the whole Rank when its capacity is not known: the weighed TTL's weight); 0 when
+    nobody waits. A queued waiter counts whatever keeps it out — KV, the waiting gate, the growth reserve,
+    the count guard: only admission knows, and a waiter that fits is admitted at once and waits no more."""
+    if waiters <= 0.0:
         return 0.0
     if capacity_tokens is None or capacity_tokens <= 0:
         return waiters

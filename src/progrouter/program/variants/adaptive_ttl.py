@@ -1,6 +1,6 @@
 """The adaptive acting TTL (``acting_ttl_policy: "adaptive"``, beyond the spec): each hold decided from what
-the scheduler sees now — the Rank's gap fit, the Program's cache-miss impact and context, the Rank's waiters,
-room and force-resume deadlines — by formulas/ttl_pricing.py's rule, and decided again every
+the scheduler sees now — the Rank's gap fit, the Program's cache-miss impact and context, the Rank's waiters
+and force-resume deadlines — by formulas/ttl_pricing.py's rule, and decided again every
 ``weighed_ttl_check_seconds`` while the Program holds, up to ``max_kv_retention_ttl_seconds`` (the longest
 hold an agent may ask for: the router holds no longer on its own)."""
 
@@ -49,11 +49,9 @@ class AdaptiveTTL:
         now = (completions.last_finished_at or 0.0) + elapsed_seconds
         queue = self._queues.get(target_id)
         local = 0 if queue is None else len(queue)
-        least_demand, _, forced_at = (0, 0, math.inf) if queue is None else queue.bounds()
+        forced_at = math.inf if queue is None else queue.bounds()[2]
         held = completions.last_context_tokens
         capacity = self._ledger.capacity(target_id)
-        demand = least_demand if local else held  # a pool waiter: about the held context's size
-        room = capacity is not None and capacity - self._ledger.usage(target_id, now) >= demand
         waiters = waiting_weight(
             local,
             self._queues.pool_waiting(program.ref.model_pool),
@@ -63,7 +61,7 @@ class AdaptiveTTL:
         hold = adaptive_hold_seconds(
             self._warmup.continuity_fit(stats, target_id),
             program.last_cache_miss_impact_seconds,
-            hold_price(waiters, held, capacity, room_for_waiter=room),
+            hold_price(waiters, held, capacity),
             elapsed_seconds,
             config.max_kv_retention_ttl_seconds,
             deadline_due=forced_at <= now,
