@@ -114,4 +114,4 @@ def test_the_checkout_installs_as_plain_python_without_a_compiler(tmp_path: Path
     assert FALLBACK in output, output[-2000:]
     _, built, stale, scheduler = _installed(bin_dir, env)
     assert built == [] and stale == []
-    assert scheduler.endswith("program/scheduler.py"), scheduler
+    assert scheduler.endswith("program/core/scheduler.py"), scheduler
