@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +21,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def loadavg() -> str:
+    """The machine's load as ``/proc/loadavg`` says it, printed beside every figure of a shared machine."""
+    return Path("/proc/loadavg").read_text().strip()
+
+
+def stop(routers: Iterable[subprocess.Popen[bytes]], worker: subprocess.Popen[bytes]) -> None:
+    """End a bench's routers, then the loopback worker behind them."""
+    for proc in routers:
+        proc.terminate()
+        proc.wait(timeout=60)
+    worker.terminate()
+    worker.wait(timeout=30)
 
 
 def tree_cpu(pid: int) -> tuple[float, float]:

@@ -41,7 +41,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from _loopback import free_port, run_worker, tree_cpu, wait_ready
+from _loopback import free_port, loadavg, run_worker, tree_cpu, wait_ready
 from progrouter.epp.bootstrap import epp_bootstrap, round_robin_bootstrap
 from progrouter.epp.envoy import envoy_version, start_envoy
 
@@ -348,7 +348,7 @@ async def bench(requests: int, repeat: int, arms: list[str]) -> None:
     print(
         f"Envoy {await envoy_version()}; Program requests ({PROGRAMS} Programs), 2 loopback workers,"
         f" {requests} requests per cell at c=1 and at c=64, {repeat} run(s), {os.cpu_count()} CPUs,"
-        f" /proc/loadavg at the end: {Path('/proc/loadavg').read_text().strip()}"
+        f" /proc/loadavg at the end: {loadavg()}"
     )
     summarize(runs)
 

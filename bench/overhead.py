@@ -53,7 +53,7 @@ from types import FrameType
 import aiohttp
 from aiohttp import web
 
-from _loopback import cpu_burners, run_worker
+from _loopback import cpu_burners, loadavg, run_worker, stop
 from _loopback import free_port as _free_port
 from _loopback import tree_cpu as _tree_cpu
 from _loopback import wait_ready as _wait_ready
@@ -333,7 +333,10 @@ async def gaps(requests: int, pauses_ms: list[float]) -> None:
                 await _wait_ready(session, f"http://127.0.0.1:{port}/liveness")
                 await _load(session, urls[router], "plain", 300, 1)  # warm-up
             pids = {**{r: p.pid for r, p in procs.items()}, FLOOR: worker.pid}
-            print(f"CPU µs per plain request at c=1, the client pausing between requests; {_loadavg()}")
+            print(
+                "CPU µs per plain request at c=1, the client pausing between requests; "
+                f"/proc/loadavg {loadavg()}"
+            )
             for _round in range(2):
                 for pause in pauses_ms:
                     cells = []
@@ -348,18 +351,10 @@ async def gaps(requests: int, pauses_ms: list[float]) -> None:
                         )
                     print(f"  pause {pause:>4g} ms: {', '.join(cells)}")
     finally:
-        for proc in procs.values():
-            proc.terminate()
-            proc.wait(timeout=60)
-        worker.terminate()
-        worker.wait(timeout=30)
+        stop(procs.values(), worker)
 
 
 _JSON = {"Content-Type": "application/json"}
-
-
-def _loadavg() -> str:
-    return f"/proc/loadavg {Path('/proc/loadavg').read_text().strip()}"
 
 
 async def paired(other_src: str, requests: int, chunks: int) -> None:
@@ -391,11 +386,7 @@ async def paired(other_src: str, requests: int, chunks: int) -> None:
                         spent = sum(_tree_cpu(procs[router].pid)) - before
                         cpu.setdefault((router, load), []).append(spent / (2 * requests) * 1e6)
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        worker.terminate()
-        worker.wait(timeout=30)
+        stop(procs.values(), worker)
     print(
         f"paired: this tree ({ROOT}) against {other_src}, {chunks} chunks of {requests} requests at"
         f" concurrency 1 and {requests} at 32 per load and router; load average {os.getloadavg()[0]:.1f}"
@@ -586,7 +577,7 @@ async def _bench(requests: int, repeat: int, profile: str | None, burn: int) -> 
         print(
             f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per"
             f" cell, {repeat} runs, {os.cpu_count()} CPUs, {burn} CPU burners, load average"
-            f" {os.getloadavg()[0]:.1f} (/proc/loadavg: {Path('/proc/loadavg').read_text().strip()})"
+            f" {os.getloadavg()[0]:.1f} (/proc/loadavg: {loadavg()})"
         )
         if not UPSTREAM.exists():
             print("(upstream not measured: `make upstream` installs .venv-upstream)")

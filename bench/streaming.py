@@ -19,12 +19,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from _loopback import cpu_burners, free_port, run_worker, tree_cpu, wait_ready
+from _loopback import cpu_burners, free_port, loadavg, run_worker, stop, tree_cpu, wait_ready
 from overhead import PROGRAMS, UPSTREAM, router_argv
 
 _MESSAGES = [{"role": "user", "content": "Count."}]
@@ -120,14 +119,10 @@ async def bench(streams: int, chunks: int, gap: float) -> None:
                     )
             wall = time.monotonic() - began
     finally:
-        for proc in procs.values():
-            proc.terminate()
-            proc.wait(timeout=60)
-        worker.terminate()
-        worker.wait(timeout=30)
+        stop(procs.values(), worker)
     print(
         f"streaming: {streams} streams at once, {chunks} one-token SSE chunks each, {gap * 1e3:g} ms apart;"
-        f" {wall:.0f} s; {os.cpu_count()} CPUs; /proc/loadavg at the end: {_loadavg()}"
+        f" {wall:.0f} s; {os.cpu_count()} CPUs; /proc/loadavg at the end: {loadavg()}"
     )
     print(f"{'load':>8} | {'router CPU µs/chunk':>20} {'upstream':>9} {'× upstream':>10}")
     for load in LOADS:
@@ -135,10 +130,6 @@ async def bench(streams: int, chunks: int, gap: float) -> None:
         ratio = f"{cpu[('progrouter', load)] / theirs:>10.2f}" if theirs else f"{'-':>10}"
         upstream = f"{theirs:>9.1f}" if theirs is not None else f"{'-':>9}"
         print(f"{load:>8} | {cpu[('progrouter', load)]:>20.1f} {upstream} {ratio}")
-
-
-def _loadavg() -> str:
-    return Path("/proc/loadavg").read_text().strip()
 
 
 def main() -> int:
