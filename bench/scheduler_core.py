@@ -19,6 +19,9 @@ processes, one per tree, each warmed up with ``--steps`` steps, then run ``--chu
 ``--chunk-steps`` steps in turn (alternating which goes first); it prints each tree's median CPU µs per step,
 the median and interquartile range of this/other per chunk pair, the ratio of the sums (which counts the
 garbage collector's rarer, longer pauses as the plain run's mean does) and both trees' end counts.
+``--repeats K`` runs K such pairs of fresh processes: on a virtual machine each process draws its own
+bias (which core, memory layout, hash seed) of a few per cent that no number of chunks averages away, so the
+figure to quote is the median over the K runs' medians, printed last with every run's.
 """
 
 from __future__ import annotations
@@ -195,8 +198,9 @@ def worker(args: argparse.Namespace) -> None:
         print(time.process_time() - cpu, flush=True)
 
 
-def paired(args: argparse.Namespace) -> None:
-    """This tree against ``args.paired`` (another tree's ``src``), chunk by chunk (see the docstring)."""
+def paired(args: argparse.Namespace) -> float:
+    """This tree against ``args.paired`` (another tree's ``src``), chunk by chunk (see the docstring); the
+    median this/other ratio per chunk pair."""
     here = str(Path(__file__).resolve().parents[1] / "src")
     common = ["--worker", "--arm", args.arm, "--programs", str(args.programs), "--ranks", str(args.ranks)]
     common += ["--steps", str(args.steps), "--seed", str(args.seed)]
@@ -247,6 +251,7 @@ def paired(args: argparse.Namespace) -> None:
         f"this/other per pair: median {median:.3f} (IQR {q1:.3f}–{q3:.3f}); sums {sum(this) / sum(other):.3f}"
     )
     print(f"active/queued at the end: other {ends[0]}, this {ends[1]}; load {os.getloadavg()[0]:.1f}")
+    return median
 
 
 def main() -> None:
@@ -262,6 +267,7 @@ def main() -> None:
     parser.add_argument("--paired", metavar="OTHER_SRC", help="compare with another tree's src (see above)")
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--chunk-steps", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=1, help="pairs of fresh processes (see above)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -269,7 +275,11 @@ def main() -> None:
     arms = ("cold", "mature") if args.arm == "both" else (args.arm,)
     if args.paired:
         for arm in arms:
-            paired(argparse.Namespace(**{**vars(args), "arm": arm}))
+            medians = [paired(argparse.Namespace(**{**vars(args), "arm": arm})) for _ in range(args.repeats)]
+            if args.repeats > 1:
+                runs = ", ".join(f"{m:.3f}" for m in medians)
+                overall = statistics.median(medians)
+                print(f"{arm}: median over {args.repeats} runs {overall:.3f} (runs: {runs})")
         return
     print(
         f"{args.programs} Programs over {args.ranks} Ranks, {args.steps} measured steps, {args.ticks} ticks"
