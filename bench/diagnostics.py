@@ -47,7 +47,7 @@ POOL = "program:model:m"
 def build(programs: int, ranks: int) -> ProgramScheduler:
     config = ProgramSchedulingConfig(max_paused_programs=programs)
     scheduler = ProgramScheduler(config)
-    scheduler.set_targets(POOL, [Target.parse(f"http://w:1@{r}") for r in range(ranks)], 0.0)
+    scheduler.set_ranks(POOL, [Target.parse(f"http://w:1@{r}") for r in range(ranks)], 0.0)
     for i in range(programs):
         now = i * 0.001
         pid = f"task-{i}:agent"

@@ -27,8 +27,8 @@ DIGESTS = "_compiled.json"  # beside this file: {module path: sha256 of the sour
 
 _PROGRAM = (
     "core/admission core/agenda core/binding core/demand core/diagnostics core/dispatch core/factors"
-    " core/fleet core/force_resume core/ledger core/lifecycle core/lineage core/pool core/queues"
-    " core/rank_capacity core/rank_facts core/records core/resume core/resume_order core/scheduler"
+    " core/fleet core/force_resume core/ledger core/lifecycle core/lineage core/queues core/rank_capacity"
+    " core/rank_facts core/records core/request_pool core/resume core/resume_order core/scheduler"
     " core/state core/table core/telemetry core/timers formulas/accounting formulas/batch_gain"
     " formulas/force_resume formulas/freshness formulas/growth formulas/repair formulas/ttl_fit"
     " formulas/ttl_pricing formulas/ttl_weighing variants/acting_ttl variants/adaptive_ttl variants/migration"

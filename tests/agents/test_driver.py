@@ -36,7 +36,7 @@ class Shell:
     def __init__(self, **config: Any) -> None:
         settings = ProgramSchedulingConfig(metrics_interval_seconds=INTERVAL, **config)
         self.scheduler = ProgramScheduler(settings)
-        self.scheduler.set_targets(POOL, [Target.parse("http://w:1@0")], 0.0)
+        self.scheduler.set_ranks(POOL, [Target.parse("http://w:1@0")], 0.0)
         self.handed: list[tuple[str, Outcome]] = []
         self.takes = True
         self.rearmed = 0

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.request_pool import RequestHandle
 from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.core.state import ProgramRef
 from progrouter.program.observer import RecordingObserver
@@ -38,7 +38,7 @@ class Harness:
         self.observer = RecordingObserver()
         self.scheduler = ProgramScheduler(self.config, observer=self.observer)
         self.now = 0.0
-        self.set_targets(targets)
+        self.set_ranks(targets)
         self.dispatches: dict[int, ProgramDispatch] = {}
         self.dispatch_order: list[str] = []
         self.timed_out: list[RequestHandle] = []
@@ -49,8 +49,8 @@ class Harness:
         self.now = now
         return self
 
-    def set_targets(self, targets: Iterable[str], pool: str = POOL) -> None:
-        self.scheduler.set_targets(pool, [Target.parse(t) for t in targets], self.now)
+    def set_ranks(self, targets: Iterable[str], pool: str = POOL) -> None:
+        self.scheduler.set_ranks(pool, [Target.parse(t) for t in targets], self.now)
         self.drain()
 
     def arrive(
@@ -128,11 +128,11 @@ class Harness:
     def diagnostics(self) -> dict[str, Any]:
         return self.scheduler.diagnostics(self.now)
 
-    def rank(self, target_id: str = T0) -> dict[str, Any]:
+    def rank(self, rank_id: str = T0) -> dict[str, Any]:
         for rank in self.diagnostics()["ranks"]:
-            if rank["target_id"] == target_id:
+            if rank["target_id"] == rank_id:
                 return rank  # type: ignore[no-any-return]
-        raise KeyError(target_id)
+        raise KeyError(rank_id)
 
     def program(self, program_id: str, generation: int = 0, pool: str = POOL) -> dict[str, Any] | None:
         redacted = ProgramRef(pool, program_id, generation).redacted_id()

@@ -59,14 +59,14 @@ def test_quick_refusal_never_refuses_what_plan_would_admit(
 def _check_every_queue(h: Harness) -> int:
     core = h.scheduler
     checked = 0
-    for target_id in core._fleet.targets:
-        queue = core._queues.get(target_id)
+    for rank_id in core.parts.fleet.targets:
+        queue = core.parts.queues.get(rank_id)
         if queue is None or not len(queue):
             continue
-        view = core._views.of(target_id, h.now)
+        view = core.parts.views.of(rank_id, h.now)
         bound_refuses = not view.admits_some(queue.min_required(), queue.min_uncached())
         for program in queue.ordered():
-            entry, force = queue.entry(program), core._keeper.record(program)
+            entry, force = queue.entry(program), core.parts.keeper.record(program)
             assert entry is not None
             if force is not None and force.deadline <= h.now:
                 continue  # a forced candidate is never refused early

@@ -97,10 +97,11 @@ def test_distinct_programs_leave_bounded_state(harness: Any) -> None:
     for i in range(500):
         handle = h.at(float(i)).arrive(f"p{i}")
         h.complete(handle)  # fitted TTL 0: Paused at once, retained for 1800 s but for the cap
-        assert len(core._table) <= 10 + 1
-        assert len(core._lineage) == len(core._table)
-        assert core._table.fenced <= 10
-        assert len(core._timers) <= 2 * 4 * (len(core._table) + len(core._fleet.targets)) + 1024
+        assert len(core.parts.table) <= 10 + 1
+        assert len(core.parts.lineage) == len(core.parts.table)
+        assert core.parts.table.fenced <= 10
+        parts = core.parts
+        assert len(parts.timers) <= 2 * 4 * (len(parts.table) + len(parts.fleet.targets)) + 1024
     assert h.program("p0") is None and h.program("p489") is None  # the oldest went first
     assert h.program("p490") is not None and h.program("p499") is not None
     assert len(h.transitions("paused_retention_release")) == 490
@@ -116,7 +117,7 @@ def test_a_new_model_pool_over_known_ranks_keeps_the_scrape_valid(harness: Any) 
     h.arrive("a", 100)
     epoch = h.scheduler.begin_observation(0.0)
     for i in range(50):  # a client naming fresh models: new pools, same Ranks
-        h.set_targets([T0], pool=f"program:model:fresh-{i}")
+        h.set_ranks([T0], pool=f"program:model:fresh-{i}")
     h.at(0.5)
     h.scheduler.apply_observations(0.5, epoch, {T0: BackendObservation(0.5, 1, 0)})
     assert not h.events("stale_capacity_observation_dropped")

@@ -35,7 +35,7 @@ def drive(observer: RecordingObserver, *, debug_from_tick: int | None = None) ->
         token_capacity_per_dp_rank=20_000, max_active_programs_per_target=2, stats_window_size=5
     )
     scheduler = ProgramScheduler(config, observer=observer)
-    scheduler.set_targets(POOL, TARGETS, 0.0)
+    scheduler.set_ranks(POOL, TARGETS, 0.0)
     now, in_flight = 0.0, []
     for step in range(120):
         now += 0.25

@@ -15,7 +15,7 @@ from progrouter.program.formulas.accounting import (
     capacity_accounting_source,
     estimate_active_program_tokens,
     observation_fresh,
-    target_usage,
+    rank_usage,
 )
 from progrouter.program.formulas.batch_gain import BatchGainEstimate, estimate_batch_gain, rank_batch_gain
 from progrouter.program.formulas.force_resume import (
@@ -543,7 +543,7 @@ def test_observation_checkpoint_550_example() -> None:
     est = estimate_active_program_tokens(0.5, 1000, 1, 1, 300.0, 0.0)
     assert est == 500.0
     assert (
-        target_usage(fresh=True, est_active_program_tokens=est, delta_since_checkpoint=50.0, ledger_tokens=0)
+        rank_usage(fresh=True, est_active_program_tokens=est, delta_since_checkpoint=50.0, ledger_tokens=0)
         == 550.0
     )
 
@@ -560,19 +560,19 @@ def test_active_program_token_estimate_cases() -> None:
 
 def test_target_usage_falls_back_to_the_ledger() -> None:
     assert (
-        target_usage(
+        rank_usage(
             fresh=False, est_active_program_tokens=500.0, delta_since_checkpoint=50.0, ledger_tokens=321.0
         )
         == 321.0
     )
     assert (
-        target_usage(
+        rank_usage(
             fresh=True, est_active_program_tokens=None, delta_since_checkpoint=50.0, ledger_tokens=321.0
         )
         == 321.0
     )
     assert (
-        target_usage(
+        rank_usage(
             fresh=True, est_active_program_tokens=100.0, delta_since_checkpoint=-500.0, ledger_tokens=321.0
         )
         == 0.0

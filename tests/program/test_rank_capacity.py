@@ -135,9 +135,9 @@ def test_a_rank_that_leaves_forgets_its_size_until_it_reports_again(harness: Any
     h.tick()
     assert h.observer.gauges[("token_capacity_tokens", (("target", T0),))] == 0  # none yet: the count guard
     h.observe({T0: sized(1000), T1: sized(3000)})
-    h.set_targets([T1])  # T0's worker left
+    h.set_ranks([T1])  # T0's worker left
     assert h.rank(T1)["token_capacity"] == 3000
-    h.at(1.0).set_targets([T0, T1])  # and came back (a restarted worker may have another size)
+    h.at(1.0).set_ranks([T0, T1])  # and came back (a restarted worker may have another size)
     assert (h.rank(T0)["token_capacity"], h.rank(T0)["token_capacity_source"]) == (None, UNKNOWN)
     h.at(2.0).observe({T0: sized(1500)})
     assert (h.rank(T0)["token_capacity"], h.rank(T0)["token_capacity_source"]) == (1500, "reported")

@@ -9,7 +9,7 @@ from test_scheduler_lifecycle import global_harness
 
 from conftest import POOL, T0, T1, Harness, identity
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.request_pool import RequestHandle
 from progrouter.program.outcomes import ProgramRequest
 from progrouter.program.residency import ResidencyFacts, held_in_vain, holder
 from progrouter.program.types import RequestHints

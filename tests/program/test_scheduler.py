@@ -228,9 +228,9 @@ def test_cancel_of_a_dispatched_request_is_a_no_op(harness: Any) -> None:
 def test_stale_generation_completion_cannot_touch_the_new_generation(harness: Any) -> None:
     h: Harness = harness(max_active_programs_per_target=1)
     a = h.arrive("a")
-    h.set_targets([T1])  # failover: a's in-flight request is forgotten, a rebinds to T1
+    h.set_ranks([T1])  # failover: a's in-flight request is forgotten, a rebinds to T1
     assert h.transitions("health_failover") == [T0]
-    h.set_targets([T0, T1])
+    h.set_ranks([T0, T1])
     b = h.arrive("a")
     assert h.dispatched(b) and h.target_of(b) == T1
     h.complete(a, prompt=5000)  # stale epoch: ignored
@@ -531,7 +531,7 @@ def test_removed_target_rebinds_with_health_failover(harness: Any) -> None:
     h.arrive("b")  # T1
     waiting = h.arrive("c")  # T0, queued behind a
     assert not h.dispatched(waiting)
-    h.at(1.0).set_targets([T1])
+    h.at(1.0).set_ranks([T1])
     assert h.transitions("health_failover") == [T0, T0]
     diag = h.diagnostics()
     assert [r["target_id"] for r in diag["ranks"]] == [T1]
@@ -546,9 +546,9 @@ def test_pool_without_targets_keeps_programs_until_targets_return(harness: Any) 
     h: Harness = harness(max_active_programs_per_target=1)
     h.arrive("z", kv_retention_ttl_seconds=100.0)
     waiting = h.arrive("a")
-    h.at(1.0).set_targets([])
+    h.at(1.0).set_ranks([])
     assert h.diagnostics()["retained_requests"] == 1
     with pytest.raises(NoTargets):
         h.arrive("b")
-    h.at(2.0).set_targets([T1])
+    h.at(2.0).set_ranks([T1])
     assert h.dispatched(waiting) and h.target_of(waiting) == T1

@@ -132,9 +132,9 @@ def test_identity_free_traffic_leaves_no_trace(harness: Any) -> None:
     h.tick(1.0)
     snapshot = h.diagnostics()
     assert snapshot["programs"] == 0 and snapshot["retained_requests"] == 0
-    assert h.scheduler.tracked_targets() == []  # nothing to poll until a Program arrives
+    assert h.scheduler.tracked_ranks() == []  # nothing to poll until a Program arrives
     h.arrive("a")
-    assert [t.id for t in h.scheduler.tracked_targets()] == [T0]
+    assert [t.id for t in h.scheduler.tracked_ranks()] == [T0]
 
 
 # ---------------------------------------------------------------------------------------- read-only
@@ -188,12 +188,12 @@ def _counts_match_a_scan(h: Harness, seen: Counter[str]) -> None:
     the cases met."""
     programs = list(h.scheduler.parts.table)
     for rank in h.diagnostics()["ranks"]:
-        here = [p for p in programs if p.last_target == rank["target_id"]]
+        here = [p for p in programs if p.last_rank == rank["target_id"]]
         statuses = Counter(p.status for p in here if p.state is ProgramState.PAUSED)
         assert rank["router_paused_reasoning_programs"] == statuses[ProgramStatus.REASONING]
         assert rank["router_paused_acting_programs"] == statuses[ProgramStatus.ACTING]
         seen.update(s.value for s in statuses.elements())
-    view, pool = h.scheduler.view, h.scheduler.parts.pool
+    view, pool = h.scheduler.view, h.scheduler.parts.request_pool
 
     def shown(p: Program) -> str:
         return "running" if p.state is ProgramState.ACTIVE else "pooled" if pool.waiting(p) else "retained"

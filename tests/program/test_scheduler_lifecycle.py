@@ -278,10 +278,10 @@ def test_force_deadline_survives_losing_and_regaining_every_rank(harness: Any) -
         token_capacity_per_dp_rank=1500, low_watermark_ratio=0.6, force_resume_timeout_seconds=5.0
     )
     h.arrive("p", 50)  # admitted at once (its force timer, due at 5, stays registered)
-    h.at(2.0).set_targets([T1])  # fails over
+    h.at(2.0).set_ranks([T1])  # fails over
     waiting = h.arrive("p", 801)  # 901 tokens > 900: queued, force deadline 7
-    h.at(4.0).set_targets([])  # unbound: out of every queue
-    h.at(5.0).set_targets([T1])  # queued again, deadline kept
+    h.at(4.0).set_ranks([])  # unbound: out of every queue
+    h.at(5.0).set_ranks([T1])  # queued again, deadline kept
     h.tick(6.9)
     assert not h.dispatched(waiting)
     h.tick(7.0)
@@ -311,7 +311,7 @@ def test_observation_scales_reasoning_usage_by_the_router_count(harness: Any) ->
 def test_stale_epoch_cannot_restore_a_removed_target(harness: Any) -> None:
     h: Harness = harness(targets=[T0, T1], token_capacity_per_dp_rank=1000)
     epoch = h.scheduler.begin_observation(0.0)
-    h.set_targets([T0])
+    h.set_ranks([T0])
     h.scheduler.apply_observations(
         0.5, epoch, {T0: BackendObservation(0.5, 0, 0), T1: BackendObservation(0.5, 0, 0)}
     )
@@ -319,9 +319,9 @@ def test_stale_epoch_cannot_restore_a_removed_target(harness: Any) -> None:
     assert h.rank(T0)["capacity_accounting_source"] == "router_ledger_missing_observation"
     assert len(h.events("stale_capacity_observation_dropped")) == 1
     epoch = h.scheduler.begin_observation(1.0)
-    h.set_targets([T0])  # unchanged: the epoch stays valid
-    h.set_targets([T1])
-    h.set_targets([T0, T1])  # remove then re-add: still a different snapshot
+    h.set_ranks([T0])  # unchanged: the epoch stays valid
+    h.set_ranks([T1])
+    h.set_ranks([T0, T1])  # remove then re-add: still a different snapshot
     h.scheduler.apply_observations(1.5, epoch, {T1: BackendObservation(0.5, 0, 0)})
     assert h.rank(T1)["observation_age_seconds"] is None
 
@@ -377,7 +377,7 @@ def global_harness(harness: Any, resume_order: str, **fields: Any) -> Harness:
         handle = h.at(1.0 + i).arrive(p)
         h.complete(handle)
     h.arrive("x", kv_retention_ttl_seconds=10_000.0)  # x keeps T0's only slot
-    h.set_targets([T0, T1])
+    h.set_ranks([T0, T1])
     mature_window(h, T1, [sample(at=float(i)) for i in range(2)])
     return h
 
@@ -441,13 +441,13 @@ def test_a_released_program_is_let_go_by_the_timers_at_once(harness: Any) -> Non
         handle = h.at(h.now + 0.1).arrive(f"p{i}", kv_retention_ttl_seconds=0.0)
         h.at(h.now + 0.1).complete(handle)  # pauses at once; past two idle Paused, the oldest is released
     core = h.scheduler
-    held = list(core._timers._programs.values())
-    assert len(held) == 2 and all(core._table.lookup(p.ref) is p for p in held)
-    assert len(core._timers) >= 20  # the released Programs' entries are still queued (as serials)
-    payloads = list(core._timers._payloads.values())
-    assert not [p for p in payloads if isinstance(p, Program) and core._table.lookup(p.ref) is not p]
+    held = list(core.parts.timers._programs.values())
+    assert len(held) == 2 and all(core.parts.table.lookup(p.ref) is p for p in held)
+    assert len(core.parts.timers) >= 20  # the released Programs' entries are still queued (as serials)
+    payloads = list(core.parts.timers._payloads.values())
+    assert not [p for p in payloads if isinstance(p, Program) and core.parts.table.lookup(p.ref) is not p]
     h.tick(h.now + 1801.0)
-    assert len(core._table) == 0 and not core._timers._programs and not core._timers._due
+    assert len(core.parts.table) == 0 and not core.parts.timers._programs and not core.parts.timers._due
 
 
 def test_an_expiring_observation_is_a_deadline(harness: Any) -> None:

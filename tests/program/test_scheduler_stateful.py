@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conftest import identity
 from progrouter.config import ProgramSchedulingConfig
-from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.request_pool import RequestHandle
 from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.core.state import ProgramState, ProgramStatus
 from progrouter.program.observer import NullObserver
@@ -102,7 +102,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.scheduler = ProgramScheduler(self.config, observer=self.checker)
         self.now = 0.0
         self.live_targets = list(TARGETS)
-        self.scheduler.set_targets(POOL, self.live_targets, self.now)
+        self.scheduler.set_ranks(POOL, self.live_targets, self.now)
         self.retained: dict[int, RequestHandle] = {}
         self.in_flight: dict[int, ProgramDispatch] = {}
         self.resolved: dict[int, str] = {}
@@ -212,10 +212,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.collect()
 
     @rule(keep=st.lists(st.booleans(), min_size=3, max_size=3), dt=st.floats(0.0, 1.0))
-    def set_targets(self, keep: list[bool], dt: float) -> None:
+    def set_ranks(self, keep: list[bool], dt: float) -> None:
         self.advance(dt)
         self.live_targets = [t for t, k in zip(TARGETS, keep, strict=True) if k]
-        self.scheduler.set_targets(POOL, self.live_targets, self.now)
+        self.scheduler.set_ranks(POOL, self.live_targets, self.now)
         self.collect()
 
     # -------------------------------------------------------------------------------------- invariants
@@ -226,24 +226,24 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def every_request_has_exactly_one_fate(self) -> None:
         core = self.scheduler
-        assert len(core._pool) == len(self.retained)
+        assert len(core.parts.request_pool) == len(self.retained)
         for handle in self.retained.values():
-            assert core._pool.retained(handle.id) is not None
+            assert core.parts.request_pool.retained(handle.id) is not None
         assert not set(self.retained) & set(self.resolved)
 
     @invariant()
     def no_program_starves_past_its_force_deadline(self) -> None:
         core = self.scheduler
         threshold = self.config.admission_waiting_request_threshold
-        for program in core._table:
-            force = core._keeper.record(program)
+        for program in core.parts.table:
+            force = core.parts.keeper.record(program)
             deadline = None if force is None else force.deadline
-            if core._queues.key(program) is None or deadline is None or deadline > self.now:
+            if core.parts.queues.key(program) is None or deadline is None or deadline > self.now:
                 continue
-            observation = core._ledger.fresh_observation(program.last_target or "", self.now)
+            observation = core.parts.ledger.fresh_observation(program.last_rank or "", self.now)
             gated = observation is not None and observation.waiting >= threshold
             # forced resumes past the limits go one at a time per Rank: the next waits while one is there
-            overflow = core._table.peek_rank(program.last_target or "").overflow is not None
+            overflow = core.parts.table.peek_rank(program.last_rank or "").overflow is not None
             late = self.now - deadline
             assert gated or overflow, f"{program.ref} waits {late:.2f}s past its force deadline"
 
@@ -251,34 +251,35 @@ class SchedulerMachine(RuleBasedStateMachine):
     def forced_resumes_exceed_the_count_by_at_most_one(self) -> None:
         core = self.scheduler
         for target in TARGETS:
-            active = core._table.peek_rank(target.id).active_count
+            active = core.parts.table.peek_rank(target.id).active_count
             assert active <= self.config.max_active_programs_per_target + 1, (target.id, active)
 
     @invariant()
     def ledger_and_indexes_agree_with_states(self) -> None:
         core = self.scheduler
+        parts = core.parts
         charged: dict[str, int] = {}
-        for program in core._table:
-            waiting = core._pool.waiting(program)
+        for program in core.parts.table:
+            waiting = core.parts.request_pool.waiting(program)
             if program.state is ProgramState.ACTIVE:
-                assert program.placement is not None and program.placement == program.last_target
-                charged[program.placement] = charged.get(program.placement, 0) + core._ledger.charged(program)
-                rank = core._table.ranks[program.placement]
+                assert program.placement is not None and program.placement == program.last_rank
+                charged[program.placement] = charged.get(program.placement, 0) + parts.ledger.charged(program)
+                rank = core.parts.table.ranks[program.placement]
                 index = rank.reasoning if program.status is ProgramStatus.REASONING else rank.acting
                 assert program in index
-                assert waiting == 0 and core._queues.key(program) is None
+                assert waiting == 0 and core.parts.queues.key(program) is None
             else:
                 assert (
                     program.placement is None
-                    and core._ledger.charged(program) == 0
+                    and core.parts.ledger.charged(program) == 0
                     and program.in_flight == 0
                 )
-                queued = waiting > 0 and program.last_target is not None
-                assert (core._queues.key(program) is not None) == queued
+                queued = waiting > 0 and program.last_rank is not None
+                assert (core.parts.queues.key(program) is not None) == queued
                 assert (program.status is ProgramStatus.REASONING) == (waiting > 0)
-        for target_id in core._fleet.targets:
-            assert core._ledger.ledger_tokens(target_id) == charged.get(target_id, 0)
-            rank = core._table.ranks[target_id]
+        for rank_id in core.parts.fleet.targets:
+            assert core.parts.ledger.ledger_tokens(rank_id) == charged.get(rank_id, 0)
+            rank = core.parts.table.ranks[rank_id]
             histogram = [0] * len(rank.rounds)
             impacts = [0.0] * len(rank.rounds)
             for program in rank.active():
@@ -294,7 +295,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler"):
             return
         self.live_targets = list(TARGETS)
-        self.scheduler.set_targets(POOL, self.live_targets, self.now)
+        self.scheduler.set_ranks(POOL, self.live_targets, self.now)
         self.collect()
         for _ in range(200):
             for hid in sorted(self.in_flight):
@@ -312,7 +313,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.advance(self.config.paused_retention_ttl_seconds + 10.0)
         self.scheduler.tick(self.now)
         core = self.scheduler
-        assert len(core._table) == 0, [
+        assert len(core.parts.table) == 0, [
             (
                 p.ref,
                 p.state,
@@ -320,14 +321,14 @@ class SchedulerMachine(RuleBasedStateMachine):
                 p.paused_at,
                 p.last_pause_reason,
                 p.completed_requests,
-                p.last_target,
+                p.last_rank,
                 self.now,
             )
-            for p in core._table
+            for p in core.parts.table
         ]
-        for target_id in core._fleet.targets:
-            assert core._ledger.ledger_tokens(target_id) == 0
-            assert core._table.ranks[target_id].active_count == 0
+        for rank_id in core.parts.fleet.targets:
+            assert core.parts.ledger.ledger_tokens(rank_id) == 0
+            assert core.parts.table.ranks[rank_id].active_count == 0
         assert self.scheduler.diagnostics(self.now)["retained_requests"] == 0
 
 

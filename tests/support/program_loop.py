@@ -57,7 +57,7 @@ def closed_loop(m: ProgramModules, seed: int, *, steps: int = 2500, **fields: An
     types, outcomes = m.types, m.outcomes
     scheduler = m.scheduler.ProgramScheduler(config)
     targets = [Target.parse("http://w:1@0"), Target.parse("http://w:1@1")]
-    scheduler.set_targets(POOL, targets, 0.0)
+    scheduler.set_ranks(POOL, targets, 0.0)
     rng = random.Random(seed)
     contexts = [rng.randint(1_000, 9_000) for _ in range(300)]
     decisions: list[Decision] = []

@@ -7,8 +7,8 @@ errors, the observer protocol, and the read-only summaries (``SchedulerView`` an
 
 from progrouter.program.core.diagnostics import DEFAULT_PROGRAM_PAGE, SHOWN_STATES, ProgramRow, SchedulerView
 from progrouter.program.core.ledger import ObservationEpoch
-from progrouter.program.core.pool import RequestHandle
 from progrouter.program.core.records import PauseReason
+from progrouter.program.core.request_pool import RequestHandle
 from progrouter.program.core.scheduler import ProgramScheduler
 from progrouter.program.core.state import ProgramRef, ProgramState, ProgramStatus
 from progrouter.program.observer import LogLevel, NullObserver, RecordingObserver, SchedulerObserver

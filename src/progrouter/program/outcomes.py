@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from progrouter.program.core.pool import RequestHandle
+from progrouter.program.core.request_pool import RequestHandle
 from progrouter.program.core.state import ProgramRef
 from progrouter.program.types import ProgramIdentity, RequestHints
 from progrouter.routing.target import Target

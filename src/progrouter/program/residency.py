@@ -48,7 +48,7 @@ Report = tuple[int, Mapping[str, int]]  # (full-block tokens of the last prompt,
 
 @dataclass(frozen=True, slots=True)
 class ResidencyFacts:
-    """Leading tokens of a Program's last prompt held per Rank (target id), known Ranks only, and how many of
+    """Leading tokens of a Program's last prompt held per Rank (rank id), known Ranks only, and how many of
     its tokens are in full blocks (what any Rank could hold at most; 0 when not reported)."""
 
     resident_tokens: Mapping[str, int]
@@ -74,11 +74,11 @@ class ResidencyBook:
         self._facts = facts
 
 
-def resident_on(facts: ResidencyFacts | None, target_id: str | None) -> int | None:
+def resident_on(facts: ResidencyFacts | None, rank_id: str | None) -> int | None:
     """Tokens of the prompt the Rank holds; None when the Rank (or the Program) is unknown."""
-    if facts is None or target_id is None:
+    if facts is None or rank_id is None:
         return None
-    return facts.resident_tokens.get(target_id)
+    return facts.resident_tokens.get(rank_id)
 
 
 def held_in_vain(program: Program, facts: ResidencyFacts | None, settle: float) -> bool:
@@ -94,26 +94,24 @@ def held_in_vain(program: Program, facts: ResidencyFacts | None, settle: float) 
     return held < CACHE_CONTINUITY_RATIO * facts.covered_tokens
 
 
-def stays_home(program: Program, facts: ResidencyFacts | None, target_ids: Iterable[str]) -> bool:
-    """Its last Rank holds more of its prompt than its shared prefix and than any other of ``target_ids``:
+def stays_home(program: Program, facts: ResidencyFacts | None, rank_ids: Iterable[str]) -> bool:
+    """Its last Rank holds more of its prompt than its shared prefix and than any other of ``rank_ids``:
     resuming there costs less prefill than anywhere else."""
-    home = program.last_target
-    return (
-        home is not None and holder(facts, target_ids, floor=program.lifecycle.shared_prefix.tokens) == home
-    )
+    home = program.last_rank
+    return home is not None and holder(facts, rank_ids, floor=program.lifecycle.shared_prefix.tokens) == home
 
 
-def holder(facts: ResidencyFacts | None, target_ids: Iterable[str], floor: int = 0) -> str | None:
-    """The one Rank among ``target_ids`` holding most of the prompt, more than ``floor`` tokens and more than
+def holder(facts: ResidencyFacts | None, rank_ids: Iterable[str], floor: int = 0) -> str | None:
+    """The one Rank among ``rank_ids`` holding most of the prompt, more than ``floor`` tokens and more than
     every other; None if none does or several tie at the top."""
     if facts is None:
         return None
     best: str | None = None
     top = runner_up = floor
-    for target_id in target_ids:
-        held = facts.resident_tokens.get(target_id, 0)
+    for rank_id in rank_ids:
+        held = facts.resident_tokens.get(rank_id, 0)
         if held > top:
-            best, top, runner_up = target_id, held, top
+            best, top, runner_up = rank_id, held, top
         elif held > runner_up:
             runner_up = held
     return best if top > runner_up else None
@@ -177,7 +175,7 @@ class ResidencyRules:
             return None
         covered, tokens = request.residency
         floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
-        targets = self._fleet.pool_targets.get(request.model_pool, ())
+        targets = self._fleet.pool_ranks.get(request.model_pool, ())
         home = holder(ResidencyFacts(tokens, 0.0, covered), targets, floor)
         if home is not None:
             self._fired("holder_bind")
@@ -189,7 +187,7 @@ class ResidencyRules:
         costs more."""
         if waited_seconds >= program.last_cache_miss_impact_seconds:
             return False
-        targets = self._fleet.pool_targets.get(program.ref.model_pool, ())
+        targets = self._fleet.pool_ranks.get(program.ref.model_pool, ())
         kept = stays_home(program, self._book.get(program), targets)
         if kept:
             self._fired("stay_home")
@@ -208,4 +206,4 @@ class ResidencyRules:
     def diagnostic(self, program: Program) -> int | None:
         """Resident tokens on the Program's Rank (placement, else last), for diagnostics; None when
         unknown."""
-        return resident_on(self._book.get(program), program.placement or program.last_target)
+        return resident_on(self._book.get(program), program.placement or program.last_rank)

@@ -123,7 +123,7 @@ class ProgramRouter:
 
     # ------------------------------------------------------------------------------------------ driving
     def start(self, now: float) -> None:
-        self.scheduler.set_targets(MODEL_POOL, self.targets, now)
+        self.scheduler.set_ranks(MODEL_POOL, self.targets, now)
         for target_id, observation in self._observe(self.targets).items():  # each worker's KV size, at join
             if observation.kv_capacity_tokens is not None:
                 self.scheduler.report_kv_capacity(now, target_id, observation.kv_capacity_tokens)
@@ -132,7 +132,7 @@ class ProgramRouter:
 
     def _periodic(self, _: object) -> None:
         now = self._clock.now
-        tracked = self.scheduler.tracked_targets()
+        tracked = self.scheduler.tracked_ranks()
         if tracked:
             epoch = self.driver.begin_observation(now)
             self.driver.apply_observations(now, epoch, self._observe(tracked))

@@ -73,7 +73,7 @@ class RankView:
         "low_tokens",
         "observation",
         "overflow_busy",
-        "target_id",
+        "rank_id",
         "used",
         "waiting",
     )
@@ -81,7 +81,7 @@ class RankView:
     def __init__(
         self,
         config: ProgramSchedulingConfig,
-        target_id: str,
+        rank_id: str,
         rank: RankPrograms,
         factors: RankFactors | None,
         observation: BackendObservation | None,
@@ -91,7 +91,7 @@ class RankView:
         """``observation``: the Rank's fresh backend observation, if any; ``used``: its managed usage;
         ``capacity``: its token capacity in force (``CapacityLedger.capacity``; None: the count guard)."""
         self.config = config
-        self.target_id = target_id
+        self.rank_id = rank_id
         self._rank = rank
         self.factors = factors
         self.observation = observation
@@ -272,7 +272,7 @@ def largest_fitting(used: float, low: float) -> float:
 class AdmissionPlan(NamedTuple):
     """An admission to commit (a tuple: one is made per admission)."""
 
-    target_id: str
+    rank_id: str
     forced: bool
     batch_gain: bool
     overflow: bool  # a forced admission past the Rank's limits
@@ -329,5 +329,5 @@ def _admission(
 ) -> AdmissionPlan:
     """The plan to admit a candidate of demand ``required`` on the view's Rank as it stands."""
     return AdmissionPlan(
-        view.target_id, forced, batch_gain, overflow, view.active, view.used, required, reserve, view.capacity
+        view.rank_id, forced, batch_gain, overflow, view.active, view.used, required, reserve, view.capacity
     )

@@ -26,20 +26,20 @@ class Agenda:
         self._candidates: set[str] = set()
         self._examined: dict[str, RankView] = {}
 
-    def capacity_changed(self, target_id: str) -> None:
-        self._changed.add(target_id)
-        self._examined.pop(target_id, None)
+    def capacity_changed(self, rank_id: str) -> None:
+        self._changed.add(rank_id)
+        self._examined.pop(rank_id, None)
 
     def examined(self, view: RankView) -> None:
         """A scheduling pass examined the Rank through ``view`` (kept until its capacity changes)."""
-        self._examined[view.target_id] = view
+        self._examined[view.rank_id] = view
 
-    def last_examined(self, target_id: str) -> RankView | None:
+    def last_examined(self, rank_id: str) -> RankView | None:
         """The Rank's last examination, if its capacity has not changed since."""
-        return self._examined.get(target_id)
+        return self._examined.get(rank_id)
 
-    def candidates_arrived(self, target_id: str) -> None:
-        self._candidates.add(target_id)
+    def candidates_arrived(self, rank_id: str) -> None:
+        self._candidates.add(rank_id)
 
     def take(self) -> list[tuple[str, bool]]:
         """The Ranks on the agenda now (none: it is empty), in id order, each with whether it needs a full
@@ -51,11 +51,11 @@ class Agenda:
         candidates.clear()
         return due
 
-    def settled(self, target_id: str) -> None:
+    def settled(self, rank_id: str) -> None:
         """The Rank was examined against its current capacity state."""
-        self._changed.discard(target_id)
+        self._changed.discard(rank_id)
 
-    def forget(self, target_id: str) -> None:
-        self._changed.discard(target_id)
-        self._candidates.discard(target_id)
-        self._examined.pop(target_id, None)
+    def forget(self, rank_id: str) -> None:
+        self._changed.discard(rank_id)
+        self._candidates.discard(rank_id)
+        self._examined.pop(rank_id, None)

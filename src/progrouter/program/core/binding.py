@@ -27,16 +27,16 @@ from progrouter.routing.prefix_tree import CacheAwareIndex
 
 if TYPE_CHECKING:
     from progrouter.program.core.ledger import CapacityLedger
-    from progrouter.program.core.pool import RequestPool
     from progrouter.program.core.queues import RankQueues
     from progrouter.program.core.rank_facts import RankViews
+    from progrouter.program.core.request_pool import RequestPool
 
 
 @dataclass(frozen=True, slots=True)
 class BindingCandidate:
     """What a strategy may know about one Rank of the Program's pool."""
 
-    target_id: str
+    rank_id: str
     accounted_programs: int
     accounted_tokens: int
     capacity_tokens: int | None  # the Rank's token capacity in force (None: the count guard alone)
@@ -71,80 +71,82 @@ class Binder:
         """The pool's Rank set changed: its ring is rebuilt on next use."""
         self._rings.pop(model_pool, None)
 
-    def remove_target(self, target_id: str) -> None:
+    def remove_rank(self, rank_id: str) -> None:
         if self.cache_index is not None:
-            self.cache_index.remove_target(target_id)
+            self.cache_index.remove_target(rank_id)
 
     def choose(
         self,
         model_pool: str,
-        target_ids: Sequence[str],
+        rank_ids: Sequence[str],
         placement_hash_key: str,
         routing_text: str | None,
         candidates: Callable[[], list[BindingCandidate]],
     ) -> str:
-        """The home Rank among ``target_ids`` (sorted, non-empty)."""
-        if len(target_ids) == 1:
-            return target_ids[0]
+        """The home Rank among ``rank_ids`` (sorted, non-empty)."""
+        if len(rank_ids) == 1:
+            return rank_ids[0]
         strategy = self.strategy
         if strategy is BindingStrategy.CONSISTENT_HASH:
             ring = self._rings.get(model_pool)
             if ring is None:
-                ring = self._rings[model_pool] = HashRing(target_ids, self._virtual_nodes)
+                ring = self._rings[model_pool] = HashRing(rank_ids, self._virtual_nodes)
             return ring.lookup(placement_hash_key)
         if strategy is BindingStrategy.PROGRAM_ROUND_ROBIN:
             counter = self._round_robin.get(model_pool, 0)
             self._round_robin[model_pool] = counter + 1
-            return target_ids[counter % len(target_ids)]
+            return rank_ids[counter % len(rank_ids)]
         facts = candidates()
         if strategy is BindingStrategy.LEAST_PROGRAM_COUNT:
-            return min(facts, key=lambda c: (c.accounted_programs, c.target_id)).target_id
+            return min(facts, key=lambda c: (c.accounted_programs, c.rank_id)).rank_id
         if strategy is BindingStrategy.REASONING_TOKEN_BALANCE:
             return min(
-                facts, key=lambda c: (-((c.capacity_tokens or 0) - c.accounted_tokens), c.target_id)
-            ).target_id
+                facts, key=lambda c: (-((c.capacity_tokens or 0) - c.accounted_tokens), c.rank_id)
+            ).rank_id
         admissible = [c for c in facts if c.immediately_admissible] or facts
         assert self.cache_index is not None
         return self.cache_index.choose_initial(
-            routing_text or "", [(c.target_id, c.kv_pressure) for c in admissible]
+            routing_text or "", [(c.rank_id, c.kv_pressure) for c in admissible]
         )
 
-    def commit(self, routing_text: str | None, target_id: str) -> None:
-        """cache_aware: the text was sent to ``target_id``, which now likely caches its prefix."""
+    def commit(self, routing_text: str | None, rank_id: str) -> None:
+        """cache_aware: the text was sent to ``rank_id``, which now likely caches its prefix."""
         if self.cache_index is not None and routing_text:
-            self.cache_index.insert(routing_text, target_id)
+            self.cache_index.insert(routing_text, rank_id)
 
 
 def binding_candidates(
     config: ProgramSchedulingConfig,
     views: RankViews,
     queues: RankQueues,
-    pool: RequestPool,
+    request_pool: RequestPool,
     ledger: CapacityLedger,
-    target_ids: Sequence[str],
+    rank_ids: Sequence[str],
     estimated_context_tokens: int,
     now: float,
 ) -> list[BindingCandidate]:
-    """Per-Rank facts for the load-aware strategies over ``target_ids`` (a pool's): O(queued Programs of the
+    """Per-Rank facts for the load-aware strategies over ``rank_ids`` (a pool's): O(queued Programs of the
     pool), once per generation."""
     decode_buffer = config.decode_buffer_tokens
     out = []
-    for target_id in target_ids:
-        view = views.of(target_id, now)
+    for rank_id in rank_ids:
+        view = views.of(rank_id, now)
         capacity = view.capacity
-        queue = queues.get(target_id)
+        queue = queues.get(rank_id)
         queued = (
             []
             if queue is None
-            else [(p, required_tokens(p, pool.front_hints(p), decode_buffer)) for p in queue.ordered()]
+            else [
+                (p, required_tokens(p, request_pool.front_hints(p), decode_buffer)) for p in queue.ordered()
+            ]
         )
         pending_new = sum(tokens for p, tokens in queued if p.lifecycle.completions.requests == 0)
         pressure = 0.0 if capacity is None else min(1.0, max(0.0, (view.used + pending_new) / capacity))
         out.append(
             BindingCandidate(
-                target_id=target_id,
+                rank_id=rank_id,
                 accounted_programs=view.active + len(queued),
-                accounted_tokens=ledger.ledger_tokens(target_id) + sum(t for _, t in queued),
+                accounted_tokens=ledger.ledger_tokens(rank_id) + sum(t for _, t in queued),
                 capacity_tokens=capacity,
                 kv_pressure=pressure,
                 # admission's count guard and immediate token check, with upstream's binding demand

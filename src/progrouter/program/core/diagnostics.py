@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from progrouter.program.core.force_resume import ForceResumeKeeper
     from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.lineage import ProgramLineage
-    from progrouter.program.core.pool import RequestPool
     from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.request_pool import RequestPool
     from progrouter.program.core.state import Program
     from progrouter.program.core.table import ProgramTable
     from progrouter.program.observer import SchedulerObserver
@@ -91,8 +91,8 @@ class Diagnostics:
         "_ledger",
         "_lineage",
         "_observer",
-        "_pool",
         "_queues",
+        "_request_pool",
         "_residency",
         "_stats",
         "_table",
@@ -103,7 +103,7 @@ class Diagnostics:
         config: ProgramSchedulingConfig,
         observer: SchedulerObserver,
         table: ProgramTable,
-        pool: RequestPool,
+        request_pool: RequestPool,
         queues: RankQueues,
         ledger: CapacityLedger,
         stats: RankStats,
@@ -115,7 +115,7 @@ class Diagnostics:
         self._config = config
         self._observer = observer
         self._table = table
-        self._pool = pool
+        self._request_pool = request_pool
         self._queues = queues
         self._ledger = ledger
         self._stats = stats
@@ -132,15 +132,15 @@ class Diagnostics:
         """Log each change of a Rank's capacity-accounting source: WARN into a fallback, INFO on recovery."""
         ledger = self._ledger
         freshness = ledger.freshness_seconds
-        for target_id, previous, current in changes:
+        for rank_id, previous, current in changes:
             if previous is None:
                 continue
-            age = ledger.observation_age(target_id, now)
+            age = ledger.observation_age(rank_id, now)
             if current is CapacityAccountingSource.BACKEND_OBSERVATION:
                 self._observer.event(
                     "info",
                     "capacity_observation_recovered",
-                    target=target_id,
+                    target=rank_id,
                     previous_source=previous.value,
                     source=current.value,
                     observation_age_seconds=age,
@@ -149,7 +149,7 @@ class Diagnostics:
                 self._observer.event(
                     "warning",
                     "capacity_observation_fallback",
-                    target=target_id,
+                    target=rank_id,
                     previous_source=previous.value,
                     source=current.value,
                     observation_age_seconds=age,
@@ -159,27 +159,25 @@ class Diagnostics:
     def publish_gauges(self, now: float) -> None:
         observer = self._observer
         max_ttl = self._config.max_acting_ttl_seconds
-        for target_id in self._fleet.targets:
-            rank = self._table.peek_rank(target_id)
-            observer.gauge("rank_queue_size", self._queues.size(target_id), target=target_id)
-            observer.gauge("rank_active_programs", rank.active_count, target=target_id)
-            fresh = self._ledger.fresh_observation(target_id, now) is not None
-            observer.gauge("capacity_observation_fresh", 1.0 if fresh else 0.0, target=target_id)
-            observer.gauge("token_capacity_tokens", self._ledger.capacity(target_id) or 0, target=target_id)
-            factors = self._stats.get(target_id)
+        for rank_id in self._fleet.targets:
+            rank = self._table.peek_rank(rank_id)
+            observer.gauge("rank_queue_size", self._queues.size(rank_id), target=rank_id)
+            observer.gauge("rank_active_programs", rank.active_count, target=rank_id)
+            fresh = self._ledger.fresh_observation(rank_id, now) is not None
+            observer.gauge("capacity_observation_fresh", 1.0 if fresh else 0.0, target=rank_id)
+            observer.gauge("token_capacity_tokens", self._ledger.capacity(rank_id) or 0, target=rank_id)
+            factors = self._stats.get(rank_id)
             if factors is None:
                 continue
             impact = factors.average_cache_miss_impact_seconds()
             observer.gauge(
-                "fitted_ttl_seconds", fitted_acting_ttl_for_rank(factors, impact, max_ttl), target=target_id
+                "fitted_ttl_seconds", fitted_acting_ttl_for_rank(factors, impact, max_ttl), target=rank_id
             )
-            observer.gauge("context_growth_tokens", factors.average_context_growth_tokens(), target=target_id)
-            observer.gauge("cache_miss_impact_rolling_mean_seconds", impact, target=target_id)
+            observer.gauge("context_growth_tokens", factors.average_context_growth_tokens(), target=rank_id)
+            observer.gauge("cache_miss_impact_rolling_mean_seconds", impact, target=rank_id)
+            observer.gauge("rolling_samples", factors.request_sample_count, target=rank_id, window="request")
             observer.gauge(
-                "rolling_samples", factors.request_sample_count, target=target_id, window="request"
-            )
-            observer.gauge(
-                "rolling_samples", factors.continuity_sample_count, target=target_id, window="continuity"
+                "rolling_samples", factors.continuity_sample_count, target=rank_id, window="continuity"
             )
 
     def snapshot(self, now: float, *, offset: int = 0, limit: int = DEFAULT_PROGRAM_PAGE) -> dict[str, Any]:
@@ -188,8 +186,7 @@ class Diagnostics:
         pager = _Pager(offset, min(limit, MAX_PROGRAM_PAGE))
         paused_reasoning = self.paused_reasoning()
         ranks = [
-            self.rank_entry(target_id, now, paused_reasoning, pager)
-            for target_id in sorted(self._fleet.targets)
+            self.rank_entry(rank_id, now, paused_reasoning, pager) for rank_id in sorted(self._fleet.targets)
         ]
         return {
             "enabled": True,
@@ -198,9 +195,9 @@ class Diagnostics:
             "resume_order": config.resume_order.value,
             "binding_strategy": config.binding_strategy.value,
             "cross_rank_headroom_ratio": config.cross_rank_headroom_ratio,
-            "retained_requests": len(self._pool),
+            "retained_requests": len(self._request_pool),
             "programs": len(self._table),
-            "model_pools": len(self._fleet.pool_targets),
+            "model_pools": len(self._fleet.pool_ranks),
             "program_page": {"offset": offset, "limit": pager.limit, "total": pager.seen},
             "ranks": ranks,
         }
@@ -208,38 +205,38 @@ class Diagnostics:
     def paused_reasoning(self) -> Counter[str]:
         """Paused+Reasoning Programs per last Rank, found through the pool (see the module docstring)."""
         counts: Counter[str] = Counter()
-        for program in self._pool.programs():
+        for program in self._request_pool.programs():
             if program.state is ProgramState.PAUSED and program.status is ProgramStatus.REASONING:
-                counts[program.last_target or ""] += 1
+                counts[program.last_rank or ""] += 1
         return counts
 
     def rank_entry(
-        self, target_id: str, now: float, paused_reasoning: Counter[str], pager: _Pager | None
+        self, rank_id: str, now: float, paused_reasoning: Counter[str], pager: _Pager | None
     ) -> dict[str, Any]:
         """One Rank's entry; with no ``pager`` its aggregates only (no ``programs`` list)."""
         config = self._config
-        target = self._fleet.targets[target_id]
+        target = self._fleet.targets[rank_id]
         ledger = self._ledger
-        account = ledger.accounts.get(target_id) or RankAccount()
-        rank = self._table.peek_rank(target_id)
-        capacity = ledger.capacity(target_id)
+        account = ledger.accounts.get(rank_id) or RankAccount()
+        rank = self._table.peek_rank(rank_id)
+        capacity = ledger.capacity(rank_id)
         low_tokens = watermark_tokens(capacity, config.low_watermark_ratio)
-        used = ledger.usage(target_id, now)
+        used = ledger.usage(rank_id, now)
         observation = account.observation
-        age = ledger.observation_age(target_id, now)
+        age = ledger.observation_age(rank_id, now)
         checkpoint = account.checkpoint
         native = account.native_used_tokens
-        queue = self._queues.get(target_id)
+        queue = self._queues.get(rank_id)
         queued = [] if queue is None else queue.ordered()
         paused = len(rank.attributed) - rank.active_count
-        reasoning_paused = paused_reasoning[target_id]
+        reasoning_paused = paused_reasoning[rank_id]
         entry: dict[str, Any] = {
-            "target_id": target_id,
+            "target_id": rank_id,
             "base_url": target.base_url,
             "dp_rank": target.dp_rank,
             "configured_token_capacity": config.token_capacity_per_dp_rank,
             "token_capacity": capacity,
-            "token_capacity_source": ledger.capacity_source(target_id).value,
+            "token_capacity_source": ledger.capacity_source(rank_id).value,
             "router_estimated_used_tokens": used,
             "router_estimated_headroom_tokens": None if low_tokens is None else low_tokens - used,
             "router_ledger_tokens": account.ledger_tokens,
@@ -266,14 +263,14 @@ class Diagnostics:
             "router_queued_programs": len(queued),
             # a forced resume holds this Rank past its limits: further overdue waiters go when it leaves
             "router_forced_past_limits": rank.overflow is not None,
-            "router_queued_requests": sum(self._pool.waiting(p) for p in queued),
+            "router_queued_requests": sum(self._request_pool.waiting(p) for p in queued),
             "vllm_kv_cache_usage": None if observation is None else observation.kv_cache_usage,
             "vllm_running_requests": None if observation is None else observation.running,
             "vllm_waiting_requests": None if observation is None else observation.waiting,
             "observation_age_seconds": age,
             "observation_fresh": age is not None and observation_fresh(age, config.metrics_interval_seconds),
-            "capacity_accounting_source": ledger.source(target_id, now).value,
-            "rolling": self._rolling(self._stats.get(target_id)),
+            "capacity_accounting_source": ledger.source(rank_id, now).value,
+            "rolling": self._rolling(self._stats.get(rank_id)),
         }
         if pager is not None:
             entry["programs"] = [self._program(p, now) for p in pager.take(rank.attributed)]
@@ -317,7 +314,7 @@ class Diagnostics:
     def _program(self, program: Program, now: float) -> dict[str, Any]:
         record = program.lifecycle
         identity, shared = record.identity, record.shared_prefix
-        front = self._pool.front_hints(program)
+        front = self._request_pool.front_hints(program)
         hints = front if front is not None else record.last_hints
         decode_buffer = self._config.decode_buffer_tokens
         force, ttl = self._keeper.record(program), record.acting_ttl
@@ -343,8 +340,8 @@ class Diagnostics:
             "request_deadline_seconds": hints.deadline_seconds,
             "expected_output_tokens": hints.expected_output_tokens,
             "kv_retention_ttl_seconds": hints.kv_retention_ttl_seconds,
-            "home_target": program.home_target,
-            "last_target": program.last_target,
+            "home_target": program.home_rank,
+            "last_target": program.last_rank,
             "placement": program.placement,
             "estimated_context_tokens": program.estimated_context_tokens,
             "resident_tokens": None
@@ -356,7 +353,7 @@ class Diagnostics:
             "private_tokens": program_private_tokens(program, decode_buffer),
             "charged_tokens": self._ledger.charged(program),
             "in_flight_requests": program.in_flight,
-            "waiting_requests": self._pool.waiting(program),
+            "waiting_requests": self._request_pool.waiting(program),
             "completed_requests": record.completions.requests,
             "segment_served_rounds": record.segment.served_rounds,
             "rounds_since_activation": program.rounds_since_activation,
@@ -381,7 +378,7 @@ class ProgramRow(NamedTuple):
 
     program: str  # redacted
     state: str  # one of ``SHOWN_STATES``
-    last_target: str | None
+    last_rank: str | None
     estimated_context_tokens: int
     ttl_deadline: float | None  # its acting TTL's deadline, while it has one
     pooled_requests: int
@@ -392,14 +389,14 @@ class SchedulerView:
     """Read-only access to the scheduler's state for the shell's summaries (the dashboard): Rank aggregates,
     counts by shown state and pages of Programs, each without a scan of every Program."""
 
-    __slots__ = ("_diagnostics", "_fleet", "_pool", "_table")
+    __slots__ = ("_diagnostics", "_fleet", "_request_pool", "_table")
 
     def __init__(
-        self, diagnostics: Diagnostics, table: ProgramTable, pool: RequestPool, fleet: Fleet
+        self, diagnostics: Diagnostics, table: ProgramTable, request_pool: RequestPool, fleet: Fleet
     ) -> None:
         self._diagnostics = diagnostics
         self._table = table
-        self._pool = pool
+        self._request_pool = request_pool
         self._fleet = fleet
 
     @property
@@ -408,7 +405,7 @@ class SchedulerView:
 
     @property
     def retained_requests(self) -> int:
-        return len(self._pool)
+        return len(self._request_pool)
 
     def ranks(self, now: float) -> list[dict[str, Any]]:
         """Every known Rank's snapshot entry, without its Programs."""
@@ -419,7 +416,7 @@ class SchedulerView:
     def _shown_state(self, program: Program) -> str:
         if program.state is ProgramState.ACTIVE:
             return "running"
-        return "pooled" if self._pool.waiting(program) else "retained"
+        return "pooled" if self._request_pool.waiting(program) else "retained"
 
     def counts(self) -> dict[str, int]:
         """Programs per shown state: the running and pooled ones are listed, the rest are retained."""
@@ -446,10 +443,10 @@ class SchedulerView:
             ProgramRow(
                 p.redacted,
                 self._shown_state(p),
-                p.last_target,
+                p.last_rank,
                 p.estimated_context_tokens,
                 None if p.lifecycle.acting_ttl is None else p.lifecycle.acting_ttl.deadline,
-                self._pool.waiting(p),
+                self._request_pool.waiting(p),
                 p.created_at,
             )
             for p in self._members(state, start, stop)
@@ -460,4 +457,4 @@ class SchedulerView:
         return [p for t in sorted(self._fleet.targets) for p in table.peek_rank(t).active()]
 
     def _pooled(self) -> list[Program]:
-        return [p for p in self._pool.programs() if p.state is ProgramState.PAUSED]
+        return [p for p in self._request_pool.programs() if p.state is ProgramState.PAUSED]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from progrouter.program.core.binding import Binder
     from progrouter.program.core.fleet import Fleet
     from progrouter.program.core.ledger import CapacityLedger
-    from progrouter.program.core.pool import RequestPool
+    from progrouter.program.core.request_pool import RequestPool
     from progrouter.program.core.state import Program
     from progrouter.program.core.table import ProgramTable
     from progrouter.program.core.telemetry import Telemetry
@@ -21,14 +21,23 @@ if TYPE_CHECKING:
 
 
 class Dispatcher:
-    __slots__ = ("_binder", "_decode_buffer", "_fleet", "_ledger", "_outbox", "_pool", "_table", "_telemetry")
+    __slots__ = (
+        "_binder",
+        "_decode_buffer",
+        "_fleet",
+        "_ledger",
+        "_outbox",
+        "_request_pool",
+        "_table",
+        "_telemetry",
+    )
 
     def __init__(
         self,
         config: ProgramSchedulingConfig,
         telemetry: Telemetry,
         table: ProgramTable,
-        pool: RequestPool,
+        request_pool: RequestPool,
         ledger: CapacityLedger,
         fleet: Fleet,
         binder: Binder,
@@ -37,7 +46,7 @@ class Dispatcher:
         self._decode_buffer = config.decode_buffer_tokens
         self._telemetry = telemetry
         self._table = table
-        self._pool = pool
+        self._request_pool = request_pool
         self._ledger = ledger
         self._fleet = fleet
         self._binder = binder
@@ -54,14 +63,14 @@ class Dispatcher:
 
     def dispatch_retained(self, program: Program, now: float) -> None:
         """Send every retained request of an Active Program to its placement, front first."""
-        target_id = program.placement
-        assert target_id is not None
-        target = self._fleet.targets[target_id]
+        rank_id = program.placement
+        assert rank_id is not None
+        target = self._fleet.targets[rank_id]
         telemetry = self._telemetry
         observer = telemetry.observer if telemetry.observing else None
         debugging = telemetry.debugging
         table, outbox, binder = self._table, self._outbox, self._binder
-        for request in self._pool.take_all(program):
+        for request in self._request_pool.take_all(program):
             first = table.dispatched(program)
             queued = max(0.0, now - request.arrived_at)
             dispatch = ProgramDispatch(  # (by position: keywords cost a dict per request)
@@ -77,16 +86,16 @@ class Dispatcher:
                 first,  # the placement's first request
             )
             outbox.dispatched(dispatch)
-            binder.commit(request.routing_text, target_id)
+            binder.commit(request.routing_text, rank_id)
             if observer is not None:
-                observer.histogram("queue_wait_seconds", queued, target=target_id)
+                observer.histogram("queue_wait_seconds", queued, target=rank_id)
             if debugging:
                 telemetry.observer.event(
                     "debug",
                     "request_dispatch",
                     program=program.redacted,
                     program_id=program.ref.program_id,
-                    target=target_id,
+                    target=rank_id,
                     queued_seconds=queued,
                     placement_start=first,
                 )

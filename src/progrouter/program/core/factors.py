@@ -337,14 +337,14 @@ class RankStats:
         self._window = window_size
         self._by_rank: dict[str, RankFactors] = {}
 
-    def get(self, target_id: str) -> RankFactors | None:
-        return self._by_rank.get(target_id)
+    def get(self, rank_id: str) -> RankFactors | None:
+        return self._by_rank.get(rank_id)
 
-    def of(self, target_id: str) -> RankFactors:
+    def of(self, rank_id: str) -> RankFactors:
         """The Rank's statistics, made empty on first use (to push a sample)."""
-        factors = self._by_rank.get(target_id)
+        factors = self._by_rank.get(rank_id)
         if factors is None:
-            factors = self._by_rank[target_id] = RankFactors(self._window)
+            factors = self._by_rank[rank_id] = RankFactors(self._window)
         return factors
 
     def values(self) -> ValuesView[RankFactors]:
@@ -353,5 +353,5 @@ class RankStats:
     def __len__(self) -> int:
         return len(self._by_rank)
 
-    def forget(self, target_id: str) -> None:
-        self._by_rank.pop(target_id, None)
+    def forget(self, rank_id: str) -> None:
+        self._by_rank.pop(rank_id, None)

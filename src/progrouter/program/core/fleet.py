@@ -1,6 +1,6 @@
 """``Fleet``: the live Ranks (targets) of every model pool, as the shell last reported them.
 
-The scheduler alone changes it (``set_targets``); every other component reads it.
+The scheduler alone changes it (``set_ranks``); every other component reads it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ if TYPE_CHECKING:
 
 
 class Fleet:
-    __slots__ = ("pool_targets", "target_pools", "targets", "tracked_pools")
+    __slots__ = ("pool_ranks", "rank_pools", "targets", "tracked_pools")
 
     def __init__(self) -> None:
-        self.pool_targets: dict[str, list[str]] = {}  # model pool -> sorted live target ids
+        self.pool_ranks: dict[str, list[str]] = {}  # model pool -> sorted live rank ids
         self.targets: dict[str, Target] = {}  # every live target id of any pool
-        self.target_pools: dict[str, set[str]] = {}  # target id -> the pools it serves
+        self.rank_pools: dict[str, set[str]] = {}  # rank id -> the pools it serves
         self.tracked_pools: set[str] = set()  # pools that have seen Program traffic

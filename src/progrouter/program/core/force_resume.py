@@ -54,7 +54,7 @@ class PoolWork:
     """A pool's Ranks' ``RankWork`` summed, for global estimates."""
 
     computed_at: float
-    targets: list[str]  # the pool's target list it was computed for (identity marks a Rank change)
+    targets: list[str]  # the pool's Rank list it was computed for (identity marks a Rank change)
     throughput: PoolThroughput
     active_remaining: float
 
@@ -96,8 +96,8 @@ class ForceResumeKeeper:
         self._pools: dict[str, PoolWork] = {}
         self._records: dict[Program, ForceResume] = {}  # every waiting Program's: this keeper's own table
 
-    def forget(self, target_id: str) -> None:
-        self._ranks.pop(target_id, None)
+    def forget(self, rank_id: str) -> None:
+        self._ranks.pop(rank_id, None)
 
     def freeze(self, program: Program, front: RequestHints | None, now: float) -> QueueKey | None:
         """Freeze the deadline of a Program entering its queue; returns its queue key, unless the deadline
@@ -146,7 +146,7 @@ class ForceResumeKeeper:
                 waiters_ahead=ahead,
                 max_timeout=maximum,
             )
-        target = program.last_target
+        target = program.last_rank
         assert target is not None
         work = self._rank(target, now)
         queue = self._queues.get(target)
@@ -178,7 +178,7 @@ class ForceResumeKeeper:
         return work
 
     def _pool(self, model_pool: str, now: float) -> PoolWork:
-        targets = self._fleet.pool_targets.get(model_pool, [])
+        targets = self._fleet.pool_ranks.get(model_pool, [])
         cached = self._pools.get(model_pool)
         fresh = cached is not None and 0.0 <= now - cached.computed_at < self._config.metrics_interval_seconds
         if cached is not None and fresh and cached.targets is targets:

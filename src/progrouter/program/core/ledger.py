@@ -26,7 +26,7 @@ from progrouter.program.formulas.accounting import (
     capacity_accounting_source,
     estimate_active_program_tokens,
     observation_fresh,
-    target_usage,
+    rank_usage,
 )
 from progrouter.program.types import BackendObservation
 
@@ -84,33 +84,33 @@ class CapacityLedger:
         self._revision = 0
         self._charged: dict[Program, int] = {}  # every Active Program's charge: the ledger's own table
 
-    def account(self, target_id: str) -> RankAccount:
-        account = self.accounts.get(target_id)
+    def account(self, rank_id: str) -> RankAccount:
+        account = self.accounts.get(rank_id)
         if account is None:
-            account = self.accounts[target_id] = RankAccount()
+            account = self.accounts[rank_id] = RankAccount()
         return account
 
-    def forget(self, target_id: str) -> None:
+    def forget(self, rank_id: str) -> None:
         """Drop a removed Rank's account, observation and reported size (its Programs were discharged
         already)."""
-        self.accounts.pop(target_id, None)
-        self.capacities.forget(target_id)
+        self.accounts.pop(rank_id, None)
+        self.capacities.forget(rank_id)
 
     # ------------------------------------------------------------------------------------------ capacity
-    def capacity(self, target_id: str) -> int | None:
+    def capacity(self, rank_id: str) -> int | None:
         """The Rank's token capacity in force; None: the Program-count guard alone. Every formula that
         needs C reads it here."""
-        return self.capacities.of(target_id)
+        return self.capacities.of(rank_id)
 
-    def capacity_source(self, target_id: str) -> TokenCapacitySource:
-        return self.capacities.source(target_id)
+    def capacity_source(self, rank_id: str) -> TokenCapacitySource:
+        return self.capacities.source(rank_id)
 
-    def report_capacity(self, target_id: str, tokens: int) -> bool:
+    def report_capacity(self, rank_id: str, tokens: int) -> bool:
         """The Rank's vLLM reports a KV size; whether the capacity in force changed (the Rank then goes on
         the agenda for repair and admission). A Rank without an account (not live) is ignored."""
-        if target_id not in self.accounts or not self.capacities.report(target_id, tokens):
+        if rank_id not in self.accounts or not self.capacities.report(rank_id, tokens):
             return False
-        self._agenda.capacity_changed(target_id)
+        self._agenda.capacity_changed(rank_id)
         return True
 
     @property
@@ -126,12 +126,12 @@ class CapacityLedger:
         """The private tokens ``program`` holds charged on its placement (0 unless it is Active)."""
         return self._charged.get(program, 0)
 
-    def charge(self, program: Program, target_id: str, tokens: int) -> None:
-        account = self.account(target_id)
+    def charge(self, program: Program, rank_id: str, tokens: int) -> None:
+        account = self.account(rank_id)
         account.ledger_tokens += tokens
         account.delta += tokens
         self._charged[program] = tokens
-        self._agenda.capacity_changed(target_id)
+        self._agenda.capacity_changed(rank_id)
 
     def recharge(self, program: Program, tokens: int) -> None:
         """An Active Program's demand changed (growth at arrival, completion): move the ledger by the diff."""
@@ -147,51 +147,51 @@ class CapacityLedger:
             charged[program] = tokens
             self._agenda.capacity_changed(target)
 
-    def discharge(self, program: Program, target_id: str) -> None:
+    def discharge(self, program: Program, rank_id: str) -> None:
         tokens = self._charged.pop(program, 0)
-        account = self.accounts.get(target_id)
+        account = self.accounts.get(rank_id)
         if account is not None:
             account.ledger_tokens -= tokens
             account.delta -= tokens
-            self._agenda.capacity_changed(target_id)
+            self._agenda.capacity_changed(rank_id)
 
     def review_sources(
-        self, target_ids: Iterable[str], now: float
+        self, rank_ids: Iterable[str], now: float
     ) -> list[tuple[str, CapacityAccountingSource | None, CapacityAccountingSource]]:
         """Each Rank whose capacity-accounting source changed since the last review: (target, previous,
         current); previous is None at a Rank's first review. Usage may now come from the other source, so
         each such Rank goes on the agenda."""
         changes = []
-        for target_id in target_ids:
-            account = self.account(target_id)
-            current = self.source(target_id, now)
+        for rank_id in rank_ids:
+            account = self.account(rank_id)
+            current = self.source(rank_id, now)
             previous = account.reported_source
             if previous != current:
                 account.reported_source = current
-                self._agenda.capacity_changed(target_id)
-                changes.append((target_id, previous, current))
+                self._agenda.capacity_changed(rank_id)
+                changes.append((rank_id, previous, current))
         return changes
 
     # ------------------------------------------------------------------------------------------- reading
-    def observation_age(self, target_id: str, now: float) -> float | None:
-        account = self.accounts.get(target_id)
+    def observation_age(self, rank_id: str, now: float) -> float | None:
+        account = self.accounts.get(rank_id)
         if account is None or account.observed_at is None:
             return None
         return max(0.0, now - account.observed_at)
 
-    def fresh_observation(self, target_id: str, now: float) -> BackendObservation | None:
+    def fresh_observation(self, rank_id: str, now: float) -> BackendObservation | None:
         """The Rank's observation if it is at most three polling intervals old."""
-        return self.admission_facts(target_id, now)[0]
+        return self.admission_facts(rank_id, now)[0]
 
-    def admission_facts(self, target_id: str, now: float) -> tuple[BackendObservation | None, float]:
+    def admission_facts(self, rank_id: str, now: float) -> tuple[BackendObservation | None, float]:
         """``fresh_observation`` and ``usage`` of the Rank, from one look at its account."""
-        account = self.accounts.get(target_id)
+        account = self.accounts.get(rank_id)
         if account is None:
             return None, 0.0
         observed_at = account.observed_at
         interval = self.metrics_interval_seconds
         fresh = observed_at is not None and observation_fresh(now - observed_at, interval)
-        used = target_usage(
+        used = rank_usage(
             fresh=fresh,
             est_active_program_tokens=account.est_active_program_tokens,
             delta_since_checkpoint=account.delta,
@@ -199,22 +199,22 @@ class CapacityLedger:
         )
         return (account.observation if fresh else None), used
 
-    def source(self, target_id: str, now: float) -> CapacityAccountingSource:
-        account = self.accounts.get(target_id)
+    def source(self, rank_id: str, now: float) -> CapacityAccountingSource:
+        account = self.accounts.get(rank_id)
         has_observation = account is not None and account.observed_at is not None
-        age = self.observation_age(target_id, now)
+        age = self.observation_age(rank_id, now)
         return capacity_accounting_source(
             has_observation=has_observation,
             fresh=age is not None and observation_fresh(age, self.metrics_interval_seconds),
             has_token_estimate=account is not None and account.est_active_program_tokens is not None,
         )
 
-    def usage(self, target_id: str, now: float) -> float:
+    def usage(self, rank_id: str, now: float) -> float:
         """Managed tokens in use on the Rank: a fresh backend estimate plus later deltas, else the ledger."""
-        return self.admission_facts(target_id, now)[1]
+        return self.admission_facts(rank_id, now)[1]
 
-    def ledger_tokens(self, target_id: str) -> int:
-        account = self.accounts.get(target_id)
+    def ledger_tokens(self, rank_id: str) -> int:
+        account = self.accounts.get(rank_id)
         return 0 if account is None else account.ledger_tokens
 
     def charged_sum(self, programs: Iterable[Program]) -> int:
@@ -223,10 +223,10 @@ class CapacityLedger:
         return sum(charged.get(p, 0) for p in programs)
 
     # --------------------------------------------------------------------------------------- observation
-    def checkpoint(self, target_id: str, rank: RankPrograms) -> RankCheckpoint:
+    def checkpoint(self, rank_id: str, rank: RankPrograms) -> RankCheckpoint:
         """The router's view of a Rank as a scrape begins (charged tokens = the Programs' private demand)."""
         return RankCheckpoint(
-            delta=self.account(target_id).delta,
+            delta=self.account(rank_id).delta,
             active_reasoning_programs=len(rank.reasoning),
             active_reasoning_requests=sum(p.in_flight for p in rank.reasoning),
             reasoning_private_tokens=self.charged_sum(rank.reasoning),
@@ -239,12 +239,12 @@ class CapacityLedger:
         """Store each observed Rank's conversion; returns the Ranks updated. A changed revision is refused
         by the caller before this point; a Rank that is no longer tracked is skipped."""
         updated = []
-        for target_id, observation in observations.items():
-            checkpoint = epoch.checkpoints.get(target_id)
-            account = self.accounts.get(target_id)
+        for rank_id, observation in observations.items():
+            checkpoint = epoch.checkpoints.get(rank_id)
+            account = self.accounts.get(rank_id)
             if checkpoint is None or account is None:
                 continue
-            capacity = self.capacities.of(target_id)
+            capacity = self.capacities.of(rank_id)
             account.observation = observation
             account.observed_at = now
             account.checkpoint = checkpoint
@@ -263,6 +263,6 @@ class CapacityLedger:
                 else account.est_active_program_tokens - checkpoint.acting_private_tokens
             )
             account.delta -= checkpoint.delta
-            self._agenda.capacity_changed(target_id)
-            updated.append(target_id)
+            self._agenda.capacity_changed(rank_id)
+            updated.append(rank_id)
         return updated

@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from progrouter.program.core.force_resume import ForceResumeKeeper
     from progrouter.program.core.ledger import CapacityLedger
     from progrouter.program.core.lineage import ProgramLineage
-    from progrouter.program.core.pool import RequestPool
     from progrouter.program.core.queues import RankQueues
+    from progrouter.program.core.request_pool import RequestPool
     from progrouter.program.core.state import Program, RankPrograms
     from progrouter.program.core.table import ProgramTable
     from progrouter.program.core.telemetry import Telemetry
@@ -175,8 +175,8 @@ class Lifecycle:
         "_ledger",
         "_lineage",
         "_max_hint_ttl",
-        "_pool",
         "_queues",
+        "_request_pool",
         "_stats",
         "_table",
         "_telemetry",
@@ -191,7 +191,7 @@ class Lifecycle:
         config: ProgramSchedulingConfig,
         telemetry: Telemetry,
         table: ProgramTable,
-        pool: RequestPool,
+        request_pool: RequestPool,
         ledger: CapacityLedger,
         queues: RankQueues,
         timers: Timers,
@@ -205,7 +205,7 @@ class Lifecycle:
         self._config = config
         self._telemetry = telemetry
         self._table = table
-        self._pool = pool
+        self._request_pool = request_pool
         self._ledger = ledger
         self._queues = queues
         self._timers = timers
@@ -264,7 +264,7 @@ class Lifecycle:
         """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
         record = program.lifecycle
         finished = record.completions.last_finished_at
-        target = program.last_target
+        target = program.last_rank
         if program.in_flight or finished is None or target is None or target not in self._fleet.targets:
             return
         interval = max(0.0, now - finished)
@@ -571,7 +571,7 @@ class Lifecycle:
     def release(self, program: Program, now: float, *, reason: str | None = None) -> None:
         """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
         stays fenced while it is among the most recently released)."""
-        target = program.placement or program.last_target
+        target = program.placement or program.last_rank
         self._queues.remove(program)
         self._keeper.clear(program)
         self._table.release(program)
@@ -593,7 +593,7 @@ class Lifecycle:
         if waiter is None:
             return
         decode_buffer = self._config.decode_buffer_tokens
-        if required_tokens(waiter, self._pool.front_hints(waiter), decode_buffer) > future_relief(
+        if required_tokens(waiter, self._request_pool.front_hints(waiter), decode_buffer) > future_relief(
             self._table.ranks[target], decode_buffer
         ):
             self.pause(program, PauseReason.MAX_SEGMENT_YIELD, now)
@@ -621,23 +621,23 @@ class CapacityRepair:
         self._stats = stats
         self._lifecycle = lifecycle
 
-    def repair(self, target_id: str, now: float) -> None:
+    def repair(self, rank_id: str, now: float) -> None:
         """Above the high watermark, pause idle Acting Programs and mark Reasoning ones by score (the Rank's
         capacity in force: a size that shrank below use is repaired here like any overfull Rank)."""
-        capacity, config = self._ledger.capacity(target_id), self._config
+        capacity, config = self._ledger.capacity(rank_id), self._config
         high = watermark_tokens(capacity, config.high_watermark_ratio)
         low = watermark_tokens(capacity, config.low_watermark_ratio)
         if high is None or low is None:
             return
-        rank = self._table.ranks[target_id]
+        rank = self._table.ranks[rank_id]
         if not rank.active_count:
             return
-        factors = self._stats.get(target_id)
+        factors = self._stats.get(rank_id)
         avg_completion = repair_average_completion(factors)
         decode_buffer = self._config.decode_buffer_tokens
         marked = [p for p in rank.marked if p.status is ProgramStatus.REASONING] if rank.marked else []
         projected = projected_usage(
-            self._ledger.usage(target_id, now),
+            self._ledger.usage(rank_id, now),
             avg_completion,
             len(rank.reasoning),
             sum(program_private_tokens(p, decode_buffer) for p in marked) if marked else 0,  # (no generator)
@@ -671,6 +671,6 @@ class CapacityRepair:
             program = victims[id(victim)]
             if victim.reasoning:
                 self._table.set_marked(program, True)
-                self._telemetry.observer.transition(target_id, "capacity_repair_mark")
+                self._telemetry.observer.transition(rank_id, "capacity_repair_mark")
             else:
                 self._lifecycle.pause(program, PauseReason.CAPACITY_REPAIR, now)

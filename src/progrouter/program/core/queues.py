@@ -276,7 +276,7 @@ class _KeyOrder:
 
 
 class RankQueues:
-    """Rank queues by target id, plus which Ranks have pending (unplanned) candidates."""
+    """Rank queues by rank id, plus which Ranks have pending (unplanned) candidates."""
 
     __slots__ = ("_agenda", "_pool_keys", "_queues")
 
@@ -295,17 +295,17 @@ class RankQueues:
         keys = None if self._pool_keys is None else self._pool_keys.get(model_pool)
         return 0 if keys is None else len(keys)
 
-    def get(self, target_id: str) -> RankQueue | None:
-        return self._queues.get(target_id)
+    def get(self, rank_id: str) -> RankQueue | None:
+        return self._queues.get(rank_id)
 
-    def size(self, target_id: str) -> int:
-        queue = self._queues.get(target_id)
+    def size(self, rank_id: str) -> int:
+        queue = self._queues.get(rank_id)
         return 0 if queue is None else len(queue)
 
     def entry(self, program: Program) -> QueueEntry | None:
         """``program``'s entry (its key, frozen demand, uncached context, force deadline) while it waits in
         its last Rank's queue; None when it is not queued."""
-        target = program.last_target
+        target = program.last_rank
         queue = None if target is None else self._queues.get(target)
         return None if queue is None else queue._entries.get(program)
 
@@ -315,7 +315,7 @@ class RankQueues:
         return None if entry is None else entry.key
 
     def insert(self, program: Program, entry: QueueEntry) -> None:
-        target = program.last_target
+        target = program.last_rank
         assert target is not None and self.entry(program) is None
         queue = self._queues.get(target)
         if queue is None:
@@ -333,7 +333,7 @@ class RankQueues:
         entry = self.entry(program)
         if entry is None:
             return
-        target = program.last_target
+        target = program.last_rank
         assert target is not None
         self._queues[target].remove(program)
         self._forget_pool_key(program, entry.key)
@@ -342,9 +342,9 @@ class RankQueues:
         if self._pool_keys is not None:
             self._pool_keys[program.ref.model_pool].remove(key)
 
-    def drop_target(self, target_id: str) -> list[Program]:
+    def drop_rank(self, rank_id: str) -> list[Program]:
         """Empty a Rank's queue (it left); returns its Programs in order."""
-        queue = self._queues.pop(target_id, None)
+        queue = self._queues.pop(rank_id, None)
         if queue is None:
             return []
         programs = queue.ordered()

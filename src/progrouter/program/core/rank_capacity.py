@@ -41,31 +41,31 @@ class RankCapacities:
     def __init__(self, setting: int | Literal["auto"] | None) -> None:
         self.auto = setting == AUTO_TOKEN_CAPACITY
         self._configured = setting if isinstance(setting, int) else None
-        self._reported: dict[str, int] = {}  # "auto": target id -> the KV tokens its vLLM reported
+        self._reported: dict[str, int] = {}  # "auto": rank id -> the KV tokens its vLLM reported
 
-    def of(self, target_id: str) -> int | None:
+    def of(self, rank_id: str) -> int | None:
         """The Rank's token capacity in force; None: the count guard alone."""
         if self.auto:
-            return self._reported.get(target_id)
+            return self._reported.get(rank_id)
         return self._configured
 
-    def source(self, target_id: str) -> TokenCapacitySource:
+    def source(self, rank_id: str) -> TokenCapacitySource:
         if self._configured is not None:
             return TokenCapacitySource.CONFIGURED
         if not self.auto:
             return TokenCapacitySource.UNSET
-        if target_id in self._reported:
+        if rank_id in self._reported:
             return TokenCapacitySource.REPORTED
         return TokenCapacitySource.UNKNOWN
 
-    def report(self, target_id: str, tokens: int) -> bool:
+    def report(self, rank_id: str, tokens: int) -> bool:
         """The Rank's vLLM reports ``tokens`` of KV; whether that changes the capacity in force (only
         ``"auto"`` follows reports, and a size that is not positive is no size)."""
-        if not self.auto or tokens <= 0 or self._reported.get(target_id) == tokens:
+        if not self.auto or tokens <= 0 or self._reported.get(rank_id) == tokens:
             return False
-        self._reported[target_id] = tokens
+        self._reported[rank_id] = tokens
         return True
 
-    def forget(self, target_id: str) -> None:
+    def forget(self, rank_id: str) -> None:
         """The Rank left: its size is unknown again until its worker reports one."""
-        self._reported.pop(target_id, None)
+        self._reported.pop(rank_id, None)

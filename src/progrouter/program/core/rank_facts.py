@@ -25,15 +25,15 @@ class RankViews:
         self._stats = stats
         self._ledger = ledger
 
-    def of(self, target_id: str, now: float) -> RankView:
+    def of(self, rank_id: str, now: float) -> RankView:
         """The view of one Rank now."""
-        observation, used = self._ledger.admission_facts(target_id, now)
+        observation, used = self._ledger.admission_facts(rank_id, now)
         return RankView(
             self._config,
-            target_id,
-            self._table.ranks[target_id],
-            self._stats.get(target_id),
+            rank_id,
+            self._table.ranks[rank_id],
+            self._stats.get(rank_id),
             observation,
             used,
-            self._ledger.capacity(target_id),
+            self._ledger.capacity(rank_id),
         )

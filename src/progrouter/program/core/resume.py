@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from progrouter.program.core.fleet import Fleet
     from progrouter.program.core.force_resume import ForceResumeKeeper
     from progrouter.program.core.ledger import CapacityLedger
-    from progrouter.program.core.pool import RequestPool
     from progrouter.program.core.queues import RankQueue, RankQueues
     from progrouter.program.core.rank_facts import RankViews
+    from progrouter.program.core.request_pool import RequestPool
     from progrouter.program.core.state import Program
     from progrouter.program.core.table import ProgramTable
     from progrouter.program.core.telemetry import Telemetry
@@ -62,8 +62,8 @@ class Resumer:
         "_gate",
         "_keeper",
         "_ledger",
-        "_pool",
         "_queues",
+        "_request_pool",
         "_residency",
         "_stats",
         "_table",
@@ -77,7 +77,7 @@ class Resumer:
         config: ProgramSchedulingConfig,
         telemetry: Telemetry,
         table: ProgramTable,
-        pool: RequestPool,
+        request_pool: RequestPool,
         queues: RankQueues,
         agenda: Agenda,
         ledger: CapacityLedger,
@@ -93,7 +93,7 @@ class Resumer:
         self._config = config
         self._telemetry = telemetry
         self._table = table
-        self._pool = pool
+        self._request_pool = request_pool
         self._queues = queues
         self._agenda = agenda
         self._ledger = ledger
@@ -116,9 +116,9 @@ class Resumer:
 
     def enqueue(self, program: Program, now: float) -> None:
         """Queue a Paused Program with retained requests on its last Rank, freezing its force deadline."""
-        if program.last_target is None or self._queues.entry(program) is not None:
+        if program.last_rank is None or self._queues.entry(program) is not None:
             return
-        front = self._pool.front_hints(program)
+        front = self._request_pool.front_hints(program)
         force = self._keeper.record(program)
         key = None
         if force is None:
@@ -145,7 +145,7 @@ class Resumer:
         if self._queues.entry(program) is None:
             return
         self._queues.remove(program)
-        self._insert(program, self._pool.front_hints(program), now)
+        self._insert(program, self._request_pool.front_hints(program), now)
 
     def on_force_timer(self, program: Program, now: float) -> None:
         """A force deadline passed: the queued Program moves into the forced tier (and is planned again)."""
@@ -166,8 +166,8 @@ class Resumer:
     # admission
     def commit_admission(self, program: Program, plan: AdmissionPlan, now: float) -> None:
         """Activate ``program`` on the planned Rank and dispatch its retained requests."""
-        previous = program.last_target
-        target = plan.target_id
+        previous = program.last_rank
+        target = plan.rank_id
         self.stop_waiting(program)
         self._table.activate(program, target, plan.required, overflow=plan.overflow)
         lifecycle.activated(program, now)
@@ -178,7 +178,7 @@ class Resumer:
     def _report_admission(self, plan: AdmissionPlan, previous: str | None, program: str, now: float) -> None:
         """The admission's log event, histograms and transitions (``program``: the redacted id)."""
         observer = self._telemetry.observer
-        target = plan.target_id
+        target = plan.rank_id
         observer.event(
             "info",
             "program_admit",
@@ -201,7 +201,7 @@ class Resumer:
 
     def _admission_histograms(self, plan: AdmissionPlan, now: float) -> None:
         observer = self._telemetry.observer
-        target = plan.target_id
+        target = plan.rank_id
         observer.histogram("admission_used_tokens", plan.used, target=target)
         observer.histogram("admission_required_tokens", plan.required, target=target)
         observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
@@ -220,9 +220,9 @@ class Resumer:
             observer.histogram("admission_capacity_observation_age_seconds", age, target=target)
 
     # scheduling
-    def schedule_target(self, target_id: str, now: float, *, full: bool) -> None:
+    def schedule_rank(self, rank_id: str, now: float, *, full: bool) -> None:
         """Admit waiters of one Rank in resume order until nobody else fits."""
-        queue = self._queues.get(target_id)
+        queue = self._queues.get(rank_id)
         agenda = self._agenda
         while queue is not None and len(queue):
             if full:
@@ -233,12 +233,12 @@ class Resumer:
                 if not pending:
                     return
                 entries = [entry for program in pending if (entry := queue.entry(program)) is not None]
-            if self._count_refuses_all(target_id, queue, entries, now):
+            if self._count_refuses_all(rank_id, queue, entries, now):
                 return
-            if not full and self._refused_as_before(target_id, pending, now):
+            if not full and self._refused_as_before(rank_id, pending, now):
                 return
-            agenda.settled(target_id)
-            view = self._views.of(target_id, now)
+            agenda.settled(rank_id)
+            view = self._views.of(rank_id, now)
             agenda.examined(view)
             if view.gate_blocked:
                 return
@@ -270,13 +270,13 @@ class Resumer:
             full = True  # the commit changed the Rank: everyone is a candidate again
 
     def _count_refuses_all(
-        self, target_id: str, queue: RankQueue, entries: list[QueueEntry] | None, now: float
+        self, rank_id: str, queue: RankQueue, entries: list[QueueEntry] | None, now: float
     ) -> bool:
         """Whether the count guard alone refuses every candidate (the queue's, or only ``entries``), so
         the pass needs no ``RankView``: it refuses every unforced one whatever the Rank's other facts, and a
         forced one passes a refusal only while the Rank holds no admission past its limits (``plan``). (A
         full Rank's common case: the pass after an admission, an arrival behind it.)"""
-        rank = self._table.ranks[target_id]
+        rank = self._table.ranks[rank_id]
         if count_fits(rank.active_count, self._config):
             return False
         if rank.overflow is not None:
@@ -289,16 +289,16 @@ class Resumer:
                 forced_at = entry.forced_at
         return forced_at > now
 
-    def _refused_as_before(self, target_id: str, pending: list[Program], now: float) -> bool:
+    def _refused_as_before(self, rank_id: str, pending: list[Program], now: float) -> bool:
         """Whether the Rank's last examination refuses every new candidate as a fresh one would: its capacity
         has not changed since (the agenda dropped it otherwise), the observation it counted as fresh still is
         (so usage and the waiting gate are the same), and each candidate is unforced with a demand above its
         ``demand_limit`` — which the count guard or the immediate token check refuses (``judge``)."""
-        view = self._agenda.last_examined(target_id)
-        if view is None or self._ledger.fresh_observation(target_id, now) is not view.observation:
+        view = self._agenda.last_examined(rank_id)
+        if view is None or self._ledger.fresh_observation(rank_id, now) is not view.observation:
             return False
         limit = -math.inf if view.gate_blocked else view.demand_limit
-        queue = self._queues.get(target_id)
+        queue = self._queues.get(rank_id)
         for program in pending:
             entry = None if queue is None else queue.entry(program)
             if entry is not None and (entry.forced_at <= now or entry.required <= limit):
@@ -308,7 +308,7 @@ class Resumer:
     def cross_rank_pass(self, model_pool: str, now: float) -> None:
         """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
         config = self._config
-        targets = self._fleet.pool_targets.get(model_pool, [])
+        targets = self._fleet.pool_ranks.get(model_pool, [])
         if len(targets) < 2:
             return
         interval = config.metrics_interval_seconds
@@ -332,7 +332,7 @@ class Resumer:
                     gate is None or gate.may_move(p, now - queued_at(record(p), now), now)
                 )  # beyond the spec
             )
-        candidates.sort(key=lambda p: cross_rank_key(p, record(p), self._pool.front_hints(p), now))
+        candidates.sort(key=lambda p: cross_rank_key(p, record(p), self._request_pool.front_hints(p), now))
         views: dict[str, RankView] = {}
 
         def view_of(destination: str) -> RankView:
@@ -347,7 +347,7 @@ class Resumer:
                 not view_of(d).gate_blocked and view_of(d).admits_some(0, 0) for d in destinations
             ):
                 return  # no destination can take an unforced Program, and the forced ones came first
-            source = program.last_target
+            source = program.last_rank
             assert source is not None
             if not _source_pressure(view_of(source), self._queues.get(source), program, record, config, now):
                 continue
@@ -380,7 +380,7 @@ class Resumer:
                     best = (rank_key, result)
             if best is not None:
                 self.commit_admission(program, best[1], now)
-                views.pop(best[1].target_id, None)
+                views.pop(best[1].rank_id, None)
 
 
 def _screened(

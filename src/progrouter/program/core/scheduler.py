@@ -30,9 +30,9 @@ from progrouter.program.core.force_resume import ForceResumeKeeper
 from progrouter.program.core.ledger import CapacityLedger, ObservationEpoch
 from progrouter.program.core.lifecycle import CapacityRepair, Lifecycle, rebound
 from progrouter.program.core.lineage import ProgramLineage
-from progrouter.program.core.pool import PendingRequest, RequestHandle, RequestPool
 from progrouter.program.core.queues import RankQueues
 from progrouter.program.core.rank_facts import RankViews
+from progrouter.program.core.request_pool import PendingRequest, RequestHandle, RequestPool
 from progrouter.program.core.resume import Resumer
 from progrouter.program.core.state import AA, ACTIVE, PA, Program
 from progrouter.program.core.table import ProgramTable
@@ -62,10 +62,15 @@ class SchedulerParts(NamedTuple):
     the frozen ``view`` and ``diagnostics`` instead, and nobody changes a part but through the scheduler."""
 
     table: ProgramTable
-    pool: RequestPool
+    request_pool: RequestPool
     ledger: CapacityLedger
     stats: RankStats
     timers: Timers
+    queues: RankQueues
+    keeper: ForceResumeKeeper
+    fleet: Fleet
+    lineage: ProgramLineage
+    views: RankViews
 
 
 STALE_MARGIN_SECONDS = 1e-6  # past the freshness limit by more than float rounding, at any clock magnitude
@@ -97,13 +102,13 @@ class ProgramScheduler:
         self._telemetry = telemetry = Telemetry(observer or NullObserver())
         self._observer = telemetry.observer
         self._fleet = fleet = Fleet()
-        self._pool = pool = RequestPool()
+        self._request_pool = request_pool = RequestPool()
         self._agenda = agenda = Agenda()
         self._ledger = ledger = CapacityLedger(
             config.token_capacity_per_dp_rank, config.metrics_interval_seconds, agenda
         )
         self._table = table = ProgramTable(
-            ledger, pool, config.max_segment_rounds, config.max_paused_programs
+            ledger, request_pool, config.max_segment_rounds, config.max_paused_programs
         )
         self._queues = queues = RankQueues(agenda, pool_order=config.global_queue)
         self._timers = timers = Timers()
@@ -119,7 +124,7 @@ class ProgramScheduler:
             config,
             telemetry,
             table,
-            pool,
+            request_pool,
             ledger,
             queues,
             timers,
@@ -139,7 +144,7 @@ class ProgramScheduler:
             ResidencyRules(config, telemetry, table, fleet, lifecycle) if config.residency_aware else None
         )
         self._dispatcher = dispatcher = Dispatcher(
-            config, telemetry, table, pool, ledger, fleet, binder, outbox
+            config, telemetry, table, request_pool, ledger, fleet, binder, outbox
         )
         gate = (
             None
@@ -150,7 +155,7 @@ class ProgramScheduler:
             config,
             telemetry,
             table,
-            pool,
+            request_pool,
             queues,
             agenda,
             ledger,
@@ -167,7 +172,7 @@ class ProgramScheduler:
             config,
             telemetry.observer,
             table,
-            pool,
+            request_pool,
             queues,
             ledger,
             stats,
@@ -183,60 +188,60 @@ class ProgramScheduler:
         self._queue_timeout = config.queue_timeout_seconds
         self._max_pooled = config.max_pooled_requests
 
-    # ------------------------------------------------------------------------------------------- targets
-    def set_targets(self, model_pool: str, targets: Sequence[Target], now: float) -> None:
+    # --------------------------------------------------------------------------------------------- Ranks
+    def set_ranks(self, model_pool: str, targets: Sequence[Target], now: float) -> None:
         """The healthy Ranks of a pool. Programs on a Rank that vanished fail over (``health_failover``)."""
         fleet = self._fleet
         self._advance(now)
         by_id = {t.id: t for t in targets}
         new_ids = sorted(by_id)
-        old_ids = fleet.pool_targets.get(model_pool)
+        old_ids = fleet.pool_ranks.get(model_pool)
         if old_ids == new_ids:
             fleet.targets.update(by_id)
             return
         removed = sorted(set(old_ids or ()) - set(new_ids))
         if removed or any(t not in fleet.targets for t in new_ids):
             self._ledger.rank_set_changed()  # a new pool over known Ranks keeps a scrape in progress valid
-        fleet.pool_targets[model_pool] = new_ids
+        fleet.pool_ranks[model_pool] = new_ids
         self._binder.pool_changed(model_pool)
-        for target_id, target in by_id.items():
-            fleet.targets[target_id] = target
-            fleet.target_pools.setdefault(target_id, set()).add(model_pool)
-            self._ledger.account(target_id)
+        for rank_id, target in by_id.items():
+            fleet.targets[rank_id] = target
+            fleet.rank_pools.setdefault(rank_id, set()).add(model_pool)
+            self._ledger.account(rank_id)
         moved: list[Program] = []
-        for target_id in removed:
-            fleet.target_pools[target_id].discard(model_pool)
-            rank = self._table.ranks[target_id]
+        for rank_id in removed:
+            fleet.rank_pools[rank_id].discard(model_pool)
+            rank = self._table.ranks[rank_id]
             moved.extend(p for p in rank.attributed if p.ref.model_pool == model_pool)
         if new_ids:
             moved.extend(self._table.unbound(model_pool))
         for program in sorted(moved, key=lambda p: p.serial):
             self._fail_over(program, now)
-        for target_id in removed:
-            if not fleet.target_pools[target_id]:
-                self._forget_target(target_id)
+        for rank_id in removed:
+            if not fleet.rank_pools[rank_id]:
+                self._forget_rank(rank_id)
         self._decide(now)
 
-    def _forget_target(self, target_id: str) -> None:
+    def _forget_rank(self, rank_id: str) -> None:
         fleet = self._fleet
-        del fleet.target_pools[target_id]
-        del fleet.targets[target_id]
-        self._stats.forget(target_id)
-        self._ledger.forget(target_id)
-        self._agenda.forget(target_id)
-        self._binder.remove_target(target_id)
-        self._queues.drop_target(target_id)
-        self._keeper.forget(target_id)
-        self._table.forget_rank(target_id)
+        del fleet.rank_pools[rank_id]
+        del fleet.targets[rank_id]
+        self._stats.forget(rank_id)
+        self._ledger.forget(rank_id)
+        self._agenda.forget(rank_id)
+        self._binder.remove_rank(rank_id)
+        self._queues.drop_rank(rank_id)
+        self._keeper.forget(rank_id)
+        self._table.forget_rank(rank_id)
 
     def _fail_over(self, program: Program, now: float) -> None:
         """The Program's Rank left its pool: forget the placement, rebind by strategy, queue again."""
-        old = program.last_target
+        old = program.last_rank
         self._table.invalidate(program)
         if old is not None:
             self._observer.transition(old, "health_failover")
         self._rebind(program, now)
-        if self._pool.waiting(program):
+        if self._request_pool.waiting(program):
             self._resumer.enqueue(program, now)
         elif program.phase == PA:
             self._lifecycle.arm_retention(program)
@@ -244,7 +249,7 @@ class ProgramScheduler:
     def _rebind(self, program: Program, now: float) -> None:
         """A new home for a Paused Program by its binding strategy (None while its pool has no Rank)."""
         self._queues.remove(program)
-        front = self._pool.front(program)
+        front = self._request_pool.front(program)
         home = self._bind(
             program.ref.model_pool,
             program.lifecycle.identity.placement_hash_key,
@@ -258,42 +263,42 @@ class ProgramScheduler:
     def _bind(
         self, model_pool: str, hash_key: str, routing_text: str | None, context_tokens: int, now: float
     ) -> str | None:
-        target_ids = self._fleet.pool_targets.get(model_pool)
-        if not target_ids:
+        rank_ids = self._fleet.pool_ranks.get(model_pool)
+        if not rank_ids:
             return None
         return self._binder.choose(
             model_pool,
-            target_ids,
+            rank_ids,
             hash_key,
             routing_text,
             lambda: binding_candidates(
                 self.config,
                 self._views,
                 self._queues,
-                self._pool,
+                self._request_pool,
                 self._ledger,
-                target_ids,
+                rank_ids,
                 context_tokens,
                 now,
             ),
         )
 
-    def tracked_targets(self) -> list[Target]:
+    def tracked_ranks(self) -> list[Target]:
         """Ranks of the pools that have seen Program traffic: the ones worth polling."""
         fleet = self._fleet
-        ids = {t for pool in fleet.tracked_pools for t in fleet.pool_targets.get(pool, ())}
+        ids = {t for request_pool in fleet.tracked_pools for t in fleet.pool_ranks.get(request_pool, ())}
         return [fleet.targets[t] for t in sorted(ids)]
 
     # -------------------------------------------------------------------------------------------- events
     def arrive(self, now: float, request: ProgramRequest) -> RequestHandle:
         """Retain a request of a Program; it is dispatched now or later (see ``take_outcomes``)."""
-        fleet, pool = self._fleet, self._pool
+        fleet, request_pool = self._fleet, self._request_pool
         self._advance(now)
-        if not fleet.pool_targets.get(request.model_pool):
+        if not fleet.pool_ranks.get(request.model_pool):
             raise NoTargets()
         program = self._table.get(request.model_pool, request.identity.program_id)
         limit = self._max_pooled
-        if len(pool) >= limit and (program is None or not program.active):
+        if len(request_pool) >= limit and (program is None or not program.active):
             raise PoolFull(limit)  # it would wait, and the pool is full: refused before anything changes
         fleet.tracked_pools.add(request.model_pool)
         new = program is None
@@ -313,20 +318,22 @@ class ProgramScheduler:
         if residency is not None:
             residency.on_arrival(program, request, now)
         handle, timer_deadline = self._retain(program, request, now)
-        home = program.last_target  # a Paused Program whose home left its pool (or has none) gets a new one
+        home = program.last_rank  # a Paused Program whose home left its pool (or has none) gets a new one
         active = program.state is ACTIVE
-        if not active and request.model_pool not in fleet.target_pools.get(home or "", ()):
+        if not active and request.model_pool not in fleet.rank_pools.get(home or "", ()):
             self._rebind(program, now)
         if active:
             self._dispatcher.serve_active(program, now)
-        elif self._binding_only and program.last_target is not None:
-            view = self._views.of(program.last_target, now)
-            required = required_tokens(program, pool.front_hints(program), self.config.decode_buffer_tokens)
+        elif self._binding_only and program.last_rank is not None:
+            view = self._views.of(program.last_rank, now)
+            required = required_tokens(
+                program, request_pool.front_hints(program), self.config.decode_buffer_tokens
+            )
             self._resumer.commit_admission(program, plan_binding_only(view, required), now)
         else:
             self._resumer.wait(program, now)
         self._decide(now)
-        if timer_deadline is not None and pool.holds(handle.id):  # still retained: it may time out
+        if timer_deadline is not None and request_pool.holds(handle.id):  # still retained: it may time out
             self._timers.add(timer_deadline, QUEUE_TIMEOUT, handle.id)
         return handle
 
@@ -335,13 +342,13 @@ class ProgramScheduler:
     ) -> tuple[RequestHandle, float | None]:
         """Keep the request in the pool until its Program dispatches it; returns its handle and, unless the
         pool keeps its queue deadline in order, that deadline (a timer's)."""
-        pool = self._pool
+        request_pool = self._request_pool
         hints = request.hints
         timeout = self._queue_timeout
         if hints.deadline_seconds is not None:
             timeout = min(timeout, hints.deadline_seconds)
-        handle = pool.new_handle(program)
-        in_order = pool.push(
+        handle = request_pool.new_handle(program)
+        in_order = request_pool.push(
             program,
             PendingRequest(  # (by position: keywords cost a dict per request)
                 handle,
@@ -357,20 +364,20 @@ class ProgramScheduler:
     def cancel(self, now: float, handle: RequestHandle) -> None:
         """The client of a retained request went away; a dispatched request is ``complete``d instead."""
         self._advance(now)
-        if self._pool.owner(handle) is None:
+        if self._request_pool.owner(handle) is None:
             return
         self._withdraw(handle, now)
         self._decide(now)
 
     def _withdraw(self, handle: RequestHandle, now: float) -> None:
         """A retained request leaves unserved; an unstarted Program with nothing left is released."""
-        pool = self._pool
-        program = pool.owner(handle)
-        removed = pool.remove(handle)
+        request_pool = self._request_pool
+        program = request_pool.owner(handle)
+        removed = request_pool.remove(handle)
         assert program is not None and removed is not None
         _, was_front = removed
         idle = self._table.request_withdrawn(program)
-        if not pool.waiting(program):
+        if not request_pool.waiting(program):
             self._resumer.stop_waiting(program)
         elif was_front:
             self._resumer.requeue(program, now)  # the new front brings its own priority
@@ -425,8 +432,8 @@ class ProgramScheduler:
         diagnostics.report_accounting_sources(self._ledger.review_sources(self._fleet.targets, now), now)
         repair = self._repair
         if repair is not None:
-            for target_id in sorted(self._fleet.targets):
-                repair.repair(target_id, now)
+            for rank_id in sorted(self._fleet.targets):
+                repair.repair(rank_id, now)
         self._decide(now)
         if self._cross_rank:
             for model_pool in sorted(self._fleet.tracked_pools):
@@ -444,7 +451,7 @@ class ProgramScheduler:
     def apply_observations(
         self, now: float, epoch: ObservationEpoch, observations: Mapping[str, BackendObservation]
     ) -> None:
-        """What the scrape found, keyed by target id. Dropped whole if the Rank set changed meanwhile."""
+        """What the scrape found, keyed by rank id. Dropped whole if the Rank set changed meanwhile."""
         ledger, observer = self._ledger, self._observer
         if epoch.revision != ledger.revision:
             observer.event(
@@ -455,20 +462,20 @@ class ProgramScheduler:
             )
             return
         self._advance(now)
-        for target_id, observed in observations.items():
+        for rank_id, observed in observations.items():
             if observed.kv_capacity_tokens is not None:
-                self._report_capacity(target_id, observed.kv_capacity_tokens)
+                self._report_capacity(rank_id, observed.kv_capacity_tokens)
         stale_at = now + ledger.freshness_seconds + STALE_MARGIN_SECONDS
-        for target_id in ledger.apply(now, epoch, observations):
-            self._timers.add(stale_at, OBSERVATION_STALE, target_id)
-            account = ledger.accounts[target_id]
+        for rank_id in ledger.apply(now, epoch, observations):
+            self._timers.add(stale_at, OBSERVATION_STALE, rank_id)
+            account = ledger.accounts[rank_id]
             observation = account.observation
             assert observation is not None
             if self._telemetry.debugging:
                 observer.event(
                     "debug",
                     "capacity_observation",
-                    target=target_id,
+                    target=rank_id,
                     kv_cache_usage=observation.kv_cache_usage,
                     running=observation.running,
                     waiting=observation.waiting,
@@ -477,19 +484,19 @@ class ProgramScheduler:
                 )
         self._decide(now)
 
-    def report_kv_capacity(self, now: float, target_id: str, tokens: int) -> None:
+    def report_kv_capacity(self, now: float, rank_id: str, tokens: int) -> None:
         """A live Rank's vLLM reports its KV size outside a scrape (a worker known at join: the simulator);
         under ``"auto"`` it becomes the Rank's token capacity, as a scrape's ``kv_capacity_tokens`` does."""
         self._advance(now)
-        self._report_capacity(target_id, tokens)
+        self._report_capacity(rank_id, tokens)
         self._decide(now)
 
-    def _report_capacity(self, target_id: str, tokens: int) -> None:
+    def _report_capacity(self, rank_id: str, tokens: int) -> None:
         ledger = self._ledger
-        previous = ledger.capacity(target_id)
-        if ledger.report_capacity(target_id, tokens):
+        previous = ledger.capacity(rank_id)
+        if ledger.report_capacity(rank_id, tokens):
             self._observer.event(
-                "info", "token_capacity_reported", target=target_id, tokens=tokens, previous=previous
+                "info", "token_capacity_reported", target=rank_id, tokens=tokens, previous=previous
             )
 
     def observe_residency(self, now: float, reports: Mapping[tuple[str, str], Report]) -> None:
@@ -510,7 +517,7 @@ class ProgramScheduler:
         so the Program's next ``arm`` pushes a fresh entry instead of keeping the moot earlier one — which
         would fire early and cost the shell a needless tick."""
         timer = self._timers.next_time(self._timer_valid)
-        pooled = self._pool.next_deadline()  # the queue timeouts the pool keeps in order
+        pooled = self._request_pool.next_deadline()  # the queue timeouts the pool keeps in order
         return pooled if timer is None else timer if pooled is None else min(timer, pooled)
 
     def diagnostics(
@@ -521,17 +528,28 @@ class ProgramScheduler:
     @property
     def view(self) -> SchedulerView:
         """Read-only access for the shell's summaries (the dashboard)."""
-        return SchedulerView(self._diagnostics, self._table, self._pool, self._fleet)
+        return SchedulerView(self._diagnostics, self._table, self._request_pool, self._fleet)
 
     @property
     def parts(self) -> SchedulerParts:
-        return SchedulerParts(self._table, self._pool, self._ledger, self._stats, self._timers)
+        return SchedulerParts(
+            self._table,
+            self._request_pool,
+            self._ledger,
+            self._stats,
+            self._timers,
+            self._queues,
+            self._keeper,
+            self._fleet,
+            self._lineage,
+            self._views,
+        )
 
     # ---------------------------------------------------------------------------------------- internals
     def _timer_valid(self, when: float, kind: TimerKind, payload: object) -> bool:
         if kind is QUEUE_TIMEOUT:
             assert isinstance(payload, int)
-            return self._pool.holds(payload)
+            return self._request_pool.holds(payload)
         if kind is OBSERVATION_STALE:
             assert isinstance(payload, str)
             ledger = self._ledger
@@ -553,10 +571,10 @@ class ProgramScheduler:
     def _advance(self, now: float) -> None:
         """Run the timers due at ``now``: TTL expiry, retention, observation expiry, force deadlines; queue
         timeouts last, so a force resume due at the same instant is tried first."""
-        timers, pool = self._timers, self._pool
+        timers, request_pool = self._timers, self._request_pool
         timers.compact(self._timer_valid)
         due = timers.pop_due(now)
-        timeouts = pool.expired(now)  # (deadline, handle id): the pool's, and the timers' below
+        timeouts = request_pool.expired(now)  # (deadline, handle id): the pool's, and the timers' below
         if not due and not timeouts:
             return
         lifecycle, table = self._lifecycle, self._table
@@ -581,7 +599,7 @@ class ProgramScheduler:
         self._decide(now)
         timeouts.sort()  # (time, arrival) order: a timer's sequence number is its request's arrival order
         for _, handle_id in timeouts:
-            request = pool.retained(handle_id)
+            request = request_pool.retained(handle_id)
             if request is not None and request.queue_deadline <= now:
                 self._withdraw(request.handle, now)
                 self._outbox.timed_out(request.handle)
@@ -594,11 +612,11 @@ class ProgramScheduler:
             lifecycle.release_excess_paused(now)
         agenda, targets, repair, resumer = self._agenda, self._fleet.targets, self._repair, self._resumer
         while due := agenda.take():
-            for target_id, full in due:
-                if target_id not in targets:
-                    agenda.settled(target_id)
+            for rank_id, full in due:
+                if rank_id not in targets:
+                    agenda.settled(rank_id)
                     continue
                 if full and repair is not None:
-                    repair.repair(target_id, now)
-                resumer.schedule_target(target_id, now, full=full)
-                agenda.settled(target_id)
+                    repair.repair(rank_id, now)
+                resumer.schedule_rank(rank_id, now, full=full)
+                agenda.settled(rank_id)

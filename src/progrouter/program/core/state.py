@@ -9,7 +9,7 @@ newer one. A Program is in one of four phases, the product of two fields:
 
 Rules that fence this module in:
 1. Only ``ProgramTable`` changes ``state``, ``status``, ``placement``, ``placement_epoch``, ``in_flight``,
-   ``last_target`` and generations, and the indexed facts ``rounds_since_activation``,
+   ``last_rank`` and generations, and the indexed facts ``rounds_since_activation``,
    ``estimated_context_tokens``, ``last_cache_miss_impact_seconds`` and ``pause_when_idle`` (each Rank keeps
    sums of them for the growth reserve, batch gain and repair). That is the types' doing, not a convention:
    ``Program`` declares them as read-only properties and the table's private row class (table.py), the only
@@ -139,11 +139,11 @@ class Program:
         raise NotImplementedError
 
     @property
-    def home_target(self) -> str | None:
+    def home_rank(self) -> str | None:
         raise NotImplementedError
 
     @property
-    def last_target(self) -> str | None:
+    def last_rank(self) -> str | None:
         raise NotImplementedError
 
     @property
@@ -214,7 +214,7 @@ class RankPrograms:
         self.acting: dict[Program, None] = {}  # Active+Acting placed here
         self.active_count = 0  # len(reasoning) + len(acting), read on every scheduling pass
         self.marked: dict[Program, None] = {}  # Active Programs marked pause_when_idle (capacity repair)
-        self.attributed: dict[Program, None] = {}  # every live Program whose last_target is this Rank
+        self.attributed: dict[Program, None] = {}  # every live Program whose last_rank is this Rank
         # Active Programs by rounds_since_activation (the last bucket holds max_rounds and above), and the
         # sum of their last cache-miss impacts per bucket: the growth reserve and batch gain read these.
         self.rounds = [0] * (max_rounds + 1)

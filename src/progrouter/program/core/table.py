@@ -34,8 +34,8 @@ from progrouter.program.core.state import (
 
 if TYPE_CHECKING:
     from progrouter.program.core.ledger import CapacityLedger
-    from progrouter.program.core.pool import RequestPool
     from progrouter.program.core.records import LifecycleRecord
+    from progrouter.program.core.request_pool import RequestPool
 
 
 class _Row(Program):
@@ -45,10 +45,10 @@ class _Row(Program):
 
     __slots__ = (
         "estimated_context_tokens",
-        "home_target",
+        "home_rank",
         "in_flight",
         "last_cache_miss_impact_seconds",
-        "last_target",
+        "last_rank",
         "pause_when_idle",
         "placement",
         "placement_epoch",
@@ -74,8 +74,8 @@ class _Row(Program):
         self.placement_epoch: int = 0
         self.placement_start_pending: bool = False
         self.in_flight: int = 0
-        self.home_target: str | None = home
-        self.last_target: str | None = None
+        self.home_rank: str | None = home
+        self.last_rank: str | None = None
         self.rounds_since_activation: int = 0
         self.estimated_context_tokens: int = 0
         self.last_cache_miss_impact_seconds: float = 0.0
@@ -84,7 +84,7 @@ class _Row(Program):
 
 @mypyc_attr(native_class=False)  # compiled, a dict subclass must stay a plain class
 class _Ranks(dict[str, RankPrograms]):
-    """Rank indexes by target id, each made on first use (a hit costs one dict lookup, no call)."""
+    """Rank indexes by rank id, each made on first use (a hit costs one dict lookup, no call)."""
 
     __slots__ = ("_max_rounds",)
 
@@ -92,24 +92,26 @@ class _Ranks(dict[str, RankPrograms]):
         super().__init__()
         self._max_rounds = max_rounds
 
-    def __missing__(self, target_id: str) -> RankPrograms:
-        ranks = self[target_id] = RankPrograms(self._max_rounds)
+    def __missing__(self, rank_id: str) -> RankPrograms:
+        ranks = self[rank_id] = RankPrograms(self._max_rounds)
         return ranks
 
 
 class ProgramTable:
     """The Programs of every model pool, their generations and per-Rank indexes."""
 
-    def __init__(self, ledger: CapacityLedger, pool: RequestPool, max_rounds: int, fence_size: int) -> None:
+    def __init__(
+        self, ledger: CapacityLedger, request_pool: RequestPool, max_rounds: int, fence_size: int
+    ) -> None:
         self._ledger = ledger
-        self._pool = pool
+        self._request_pool = request_pool
         self._max_rounds = max_rounds
         self._programs: dict[tuple[str, str], Program] = {}
         # The last generation of the ``fence_size`` most recently released Programs, oldest first: a
         # returning id continues its numbering; older ones start again at 0 (epochs keep completions safe).
         self._fence_size = fence_size
         self._released: dict[tuple[str, str], int] = {}
-        self.ranks = _Ranks(max_rounds)  # target id -> its indexes, made on first use: read-only outside
+        self.ranks = _Ranks(max_rounds)  # rank id -> its indexes, made on first use: read-only outside
         self._unbound: dict[str, dict[Program, None]] = {}  # model pool -> Programs with no live Rank
         self._serials = itertools.count()
         self._epochs = itertools.count(1)
@@ -129,19 +131,19 @@ class ProgramTable:
         program = self._programs.get((ref.model_pool, ref.program_id))
         return program if program is not None and program.ref.generation == ref.generation else None
 
-    def peek_rank(self, target_id: str) -> RankPrograms:
+    def peek_rank(self, rank_id: str) -> RankPrograms:
         """A Rank's indexes for reading only: an unknown Rank reads as empty and stays unknown."""
-        ranks = self.ranks.get(target_id)
+        ranks = self.ranks.get(rank_id)
         return ranks if ranks is not None else RankPrograms(self._max_rounds)
 
     def unbound(self, model_pool: str) -> list[Program]:
         return list(self._unbound.get(model_pool, ()))
 
-    def forget_rank(self, target_id: str) -> None:
+    def forget_rank(self, rank_id: str) -> None:
         """Drop the indexes of a Rank that left every pool (its Programs were moved already)."""
-        ranks = self.ranks.get(target_id)
+        ranks = self.ranks.get(rank_id)
         if ranks is not None and not ranks.attributed and not ranks.active_count:
-            del self.ranks[target_id]
+            del self.ranks[rank_id]
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def materialize(
@@ -170,24 +172,24 @@ class ProgramTable:
         """A request arrived: the Program is Reasoning until it is idle again."""
         self._move(program, _RETAIN)
 
-    def activate(self, program: Program, target_id: str, tokens: int, *, overflow: bool = False) -> None:
-        """Paused+Reasoning → Active+Reasoning on ``target_id``, charging ``tokens`` of logical capacity;
+    def activate(self, program: Program, rank_id: str, tokens: int, *, overflow: bool = False) -> None:
+        """Paused+Reasoning → Active+Reasoning on ``rank_id``, charging ``tokens`` of logical capacity;
         ``overflow``: a forced resume past the Rank's limits (at most one per Rank at a time)."""
         row = cast(_Row, program)
         self._move(program, _ACTIVATE)
-        row.placement = target_id
+        row.placement = rank_id
         row.placement_epoch = next(self._epochs)
         row.placement_start_pending = True
         row.rounds_since_activation = 0
-        self._attribute(program, target_id)
-        rank = self.ranks[target_id]
+        self._attribute(program, rank_id)
+        rank = self.ranks[rank_id]
         rank.reasoning[program] = None
         rank.active_count += 1
         rank.reasoning_context += row.estimated_context_tokens
         rank._enter(program)
         if overflow:
             rank.overflow = program
-        self._ledger.charge(program, target_id, tokens)
+        self._ledger.charge(program, rank_id, tokens)
 
     def count_completion(self, program: Program, seconds: float, *, round_served: bool) -> None:
         """A successful completion: one more continuous round since activation if ``round_served``, and
@@ -272,7 +274,7 @@ class ProgramTable:
 
     def release(self, program: Program) -> None:
         """End the generation (idle only). An Active Program gives its capacity back first."""
-        if program.in_flight or self._pool.waiting(program):
+        if program.in_flight or self._request_pool.waiting(program):
             raise IllegalTransition("release of a Program with requests in flight or retained")
         target = program.placement
         self._move(program, Event.RELEASE)
@@ -285,13 +287,13 @@ class ProgramTable:
         if len(self._released) > self._fence_size:
             del self._released[next(iter(self._released))]
 
-    def rebind(self, program: Program, target_id: str | None) -> None:
-        """A Paused Program's home and last Rank become ``target_id`` (failover, or its pool came back)."""
+    def rebind(self, program: Program, rank_id: str | None) -> None:
+        """A Paused Program's home and last Rank become ``rank_id`` (failover, or its pool came back)."""
         row = cast(_Row, program)
         if program.active:
             raise IllegalTransition("rebind of an Active Program")
-        row.home_target = target_id
-        self._attribute(program, target_id)
+        row.home_rank = rank_id
+        self._attribute(program, rank_id)
 
     def set_marked(self, program: Program, marked: bool) -> None:
         """Capacity repair's deferred pause mark, indexed per Rank for the repair and segment-yield sums."""
@@ -331,7 +333,11 @@ class ProgramTable:
                 rank.reasoning_context -= row.estimated_context_tokens
 
     def _idle_if_quiet(self, program: Program) -> bool:
-        if program.in_flight == 0 and self._pool.waiting(program) == 0 and program.status is not ACTING:
+        if (
+            program.in_flight == 0
+            and self._request_pool.waiting(program) == 0
+            and program.status is not ACTING
+        ):
             self._move(program, _IDLE)
             return True
         return False
@@ -354,17 +360,17 @@ class ProgramTable:
         row.placement_start_pending = False
         self._ledger.discharge(program, target)
 
-    def _attribute(self, program: Program, target_id: str | None, *, unbind: bool = True) -> None:
-        """Move ``program`` to the ``attributed`` index of ``target_id`` (or the pool's unbound set)."""
+    def _attribute(self, program: Program, rank_id: str | None, *, unbind: bool = True) -> None:
+        """Move ``program`` to the ``attributed`` index of ``rank_id`` (or the pool's unbound set)."""
         row = cast(_Row, program)
-        old = row.last_target
+        old = row.last_rank
         if old is not None:
             self.ranks[old].attributed.pop(program, None)
         else:
             self._unbound.get(program.ref.model_pool, {}).pop(program, None)
-        row.last_target = target_id
-        if target_id is not None:
-            self.ranks[target_id].attributed[program] = None
+        row.last_rank = rank_id
+        if rank_id is not None:
+            self.ranks[rank_id].attributed[program] = None
         elif unbind:
             self._unbound.setdefault(program.ref.model_pool, {})[program] = None
 

@@ -77,7 +77,7 @@ class Timers:
     def __init__(self) -> None:
         self._heap: list[int] = []  # _order(when) << _LOW | kind << 64 | sequence
         self._whens: dict[int, float] = {}  # sequence -> due time
-        self._payloads: dict[int, int | str] = {}  # sequence -> serial, handle id or target id
+        self._payloads: dict[int, int | str] = {}  # sequence -> serial, handle id or rank id
         self._seq = itertools.count()
         self._floor = 0  # entries left by the last compaction (all valid then)
         self._programs: dict[int, Program] = {}  # serial -> a Program with a pending entry
@@ -98,7 +98,7 @@ class Timers:
         return self._whens.pop(seq), entry >> 64 & 7, self._payloads.pop(seq)
 
     def add(self, when: float, kind: TimerKind, payload: int | str) -> None:
-        """An entry about ``payload`` (a request handle's id, a target id: what ``pop_due`` hands back)."""
+        """An entry about ``payload`` (a request handle's id, a rank id: what ``pop_due`` hands back)."""
         self._push(when, kind, payload)
 
     def arm(self, program: Program, kind: TimerKind, when: float) -> None:

@@ -62,7 +62,7 @@ def capacity_accounting_source(
     return CapacityAccountingSource.BACKEND_OBSERVATION
 
 
-def target_usage(
+def rank_usage(
     *,
     fresh: bool,
     est_active_program_tokens: float | None,

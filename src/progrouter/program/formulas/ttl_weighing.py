@@ -101,22 +101,22 @@ def hold_seconds(
     queues: RankQueues,
     warmup: Warmup,
     program: Program,
-    target_id: str,
+    rank_id: str,
     elapsed_seconds: float,
 ) -> float:
-    """The weighed TTL of an idle Active Program on ``target_id`` idle for ``elapsed_seconds``, up to the
+    """The weighed TTL of an idle Active Program on ``rank_id`` idle for ``elapsed_seconds``, up to the
     next check (``weighed_ttl_check_seconds``); 0 when it should pause now. The pool's share is over the
     Ranks the scheduler keeps statistics for."""
-    factors = stats.get(target_id)
+    factors = stats.get(rank_id)
     if factors is None:
         return 0.0
     weight = waiting_weight(
-        queues.size(target_id),
+        queues.size(rank_id),
         queues.pool_waiting(program.ref.model_pool),
         len(stats),
         global_queue=config.global_queue,
     )
-    fit = warmup.continuity_fit(stats, target_id)
+    fit = warmup.continuity_fit(stats, rank_id)
     hold = weighed_hold_seconds(
         fit,
         program.last_cache_miss_impact_seconds,

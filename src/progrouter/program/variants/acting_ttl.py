@@ -33,12 +33,12 @@ class TTLPolicy(Protocol):
     @property
     def source(self) -> str: ...  # the ``armed_ttl_seconds{source}`` label
 
-    def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
-        """The TTL an idle Program of ``target_id`` gets as its request completes (``impact_seconds``: the
+    def armed(self, program: Program, rank_id: str, impact_seconds: float) -> float:
+        """The TTL an idle Program of ``rank_id`` gets as its request completes (``impact_seconds``: the
         completion's cache-miss impact)."""
         ...
 
-    def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
+    def hold(self, program: Program, rank_id: str, elapsed_seconds: float) -> float:
         """How much longer a Program whose TTL ran out after ``elapsed_seconds`` keeps it (0: pause now)."""
         ...
 
@@ -50,10 +50,10 @@ class SpecTTL:
         self._max_ttl, self._stats, self._warmup = config.max_acting_ttl_seconds, stats, warmup
         self.source = "fitted"
 
-    def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
-        return fitted_ttl(self._warmup, self._stats, target_id, impact_seconds, self._max_ttl)
+    def armed(self, program: Program, rank_id: str, impact_seconds: float) -> float:
+        return fitted_ttl(self._warmup, self._stats, rank_id, impact_seconds, self._max_ttl)
 
-    def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
+    def hold(self, program: Program, rank_id: str, elapsed_seconds: float) -> float:
         return 0.0
 
 
@@ -64,10 +64,10 @@ class FixedTTL:
         self._ttl = config.max_acting_ttl_seconds
         self.source = "fixed"
 
-    def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
+    def armed(self, program: Program, rank_id: str, impact_seconds: float) -> float:
         return self._ttl
 
-    def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
+    def hold(self, program: Program, rank_id: str, elapsed_seconds: float) -> float:
         return 0.0
 
 
@@ -80,12 +80,12 @@ class WeighedTTL:
         self._config, self._stats, self._queues, self._warmup = config, stats, queues, warmup
         self.source = "fitted"
 
-    def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
-        return self.hold(program, target_id, 0.0)
+    def armed(self, program: Program, rank_id: str, impact_seconds: float) -> float:
+        return self.hold(program, rank_id, 0.0)
 
-    def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
+    def hold(self, program: Program, rank_id: str, elapsed_seconds: float) -> float:
         return ttl_weighing.hold_seconds(
-            self._config, self._stats, self._queues, self._warmup, program, target_id, elapsed_seconds
+            self._config, self._stats, self._queues, self._warmup, program, rank_id, elapsed_seconds
         )
 
 

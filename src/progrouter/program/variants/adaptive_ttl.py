@@ -36,22 +36,22 @@ class AdaptiveTTL:
         self._ledger = ledger
         self.source = "fitted"
 
-    def armed(self, program: Program, target_id: str, impact_seconds: float) -> float:
-        return self.hold(program, target_id, 0.0)
+    def armed(self, program: Program, rank_id: str, impact_seconds: float) -> float:
+        return self.hold(program, rank_id, 0.0)
 
-    def hold(self, program: Program, target_id: str, elapsed_seconds: float) -> float:
-        """The rule's hold for ``program`` idle on ``target_id`` since its last completion, up to the next
+    def hold(self, program: Program, rank_id: str, elapsed_seconds: float) -> float:
+        """The rule's hold for ``program`` idle on ``rank_id`` since its last completion, up to the next
         check. The pool's share of waiters is over the Ranks the scheduler keeps statistics for."""
         config, stats = self._config, self._stats
-        if stats.get(target_id) is None:
+        if stats.get(rank_id) is None:
             return 0.0
         completions = program.lifecycle.completions
         now = (completions.last_finished_at or 0.0) + elapsed_seconds
-        queue = self._queues.get(target_id)
+        queue = self._queues.get(rank_id)
         local = 0 if queue is None else len(queue)
         forced_at = math.inf if queue is None else queue.bounds()[2]
         held = completions.last_context_tokens
-        capacity = self._ledger.capacity(target_id)
+        capacity = self._ledger.capacity(rank_id)
         waiters = waiting_weight(
             local,
             self._queues.pool_waiting(program.ref.model_pool),
@@ -59,7 +59,7 @@ class AdaptiveTTL:
             global_queue=config.global_queue,
         )
         hold = adaptive_hold_seconds(
-            self._warmup.continuity_fit(stats, target_id),
+            self._warmup.continuity_fit(stats, rank_id),
             program.last_cache_miss_impact_seconds,
             hold_price(waiters, held, capacity),
             elapsed_seconds,

@@ -36,13 +36,13 @@ def kv_turnover_seconds(
     config: ProgramSchedulingConfig,
     stats: RankStats,
     table: ProgramTable,
-    target_id: str,
+    rank_id: str,
     capacity: int | None,
 ) -> float:
     """One KV turnover of a Rank: capacity × mean e2e / Reasoning Programs / mean uncached prompt (the
     shared-prefix freshness of §3.15 with one turnover; its warm-up value before the window is mature).
     ``capacity``: the Rank's token capacity in force."""
-    factors = stats.get(target_id)
+    factors = stats.get(rank_id)
     if factors is None:
         return config.shared_prefix_freshness_warmup_seconds
     return shared_prefix_freshness_seconds(
@@ -50,7 +50,7 @@ def kv_turnover_seconds(
         1.0,
         capacity,
         factors.average_e2e_seconds(),
-        len(table.ranks[target_id].reasoning),
+        len(table.ranks[rank_id].reasoning),
         factors.average_uncached_prompt_tokens(),
         factors.request_window_complete(),
     )
@@ -83,7 +83,7 @@ def may_move(
     now: float,
 ) -> bool:
     """The recompute-cost gate's decision for ``program``."""
-    source, pause = program.last_target, program.lifecycle.pause
+    source, pause = program.last_rank, program.lifecycle.pause
     if source is None or pause is None:
         return True
     return move_pays(

@@ -32,12 +32,12 @@ if TYPE_CHECKING:
 class Warmup(Protocol):
     """What a Rank's statistics may decide before its own windows are complete."""
 
-    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
-        """The interval fit the acting TTL of ``target_id`` may use now, None while it must be 0."""
+    def continuity_fit(self, stats: RankStats, rank_id: str) -> LogNormalFit | None:
+        """The interval fit the acting TTL of ``rank_id`` may use now, None while it must be 0."""
         ...
 
-    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
-        """Whether the cross-Rank pass may move Programs to or from ``target_id``."""
+    def request_stats_mature(self, stats: RankStats, rank_id: str) -> bool:
+        """Whether the cross-Rank pass may move Programs to or from ``rank_id``."""
         ...
 
 
@@ -46,14 +46,14 @@ class SpecWarmup:
 
     __slots__ = ()
 
-    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
-        factors: RankFactors | None = stats.get(target_id)
+    def continuity_fit(self, stats: RankStats, rank_id: str) -> LogNormalFit | None:
+        factors: RankFactors | None = stats.get(rank_id)
         if factors is not None and factors.continuity_window_complete():
             return factors.log_normal_fit()
         return None
 
-    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
-        factors = stats.get(target_id)
+    def request_stats_mature(self, stats: RankStats, rank_id: str) -> bool:
+        factors = stats.get(rank_id)
         return factors is not None and factors.request_window_complete()
 
 
@@ -65,8 +65,8 @@ class PooledWarmup:
     def __init__(self, window: int) -> None:
         self._own, self._window = SpecWarmup(), window
 
-    def continuity_fit(self, stats: RankStats, target_id: str) -> LogNormalFit | None:
-        own = self._own.continuity_fit(stats, target_id)
+    def continuity_fit(self, stats: RankStats, rank_id: str) -> LogNormalFit | None:
+        own = self._own.continuity_fit(stats, rank_id)
         if own is not None:
             return own
         every = stats.values()
@@ -74,10 +74,10 @@ class PooledWarmup:
             return None
         return pooled_fit(f.log_normal_fit() for f in every)
 
-    def request_stats_mature(self, stats: RankStats, target_id: str) -> bool:
-        if stats.get(target_id) is None:
+    def request_stats_mature(self, stats: RankStats, rank_id: str) -> bool:
+        if stats.get(rank_id) is None:
             return False
-        if self._own.request_stats_mature(stats, target_id):
+        if self._own.request_stats_mature(stats, rank_id):
             return True
         return sum(f.request_sample_count for f in stats.values()) >= self._window
 
@@ -90,9 +90,9 @@ def stats_warmup(config: ProgramSchedulingConfig) -> Warmup:
 
 
 def fitted_ttl(
-    warmup: Warmup, stats: RankStats, target_id: str, impact_seconds: float, max_ttl_seconds: float
+    warmup: Warmup, stats: RankStats, rank_id: str, impact_seconds: float, max_ttl_seconds: float
 ) -> float:
-    """The spec's fitted acting TTL for a request that completed on ``target_id``, from ``warmup``'s
+    """The spec's fitted acting TTL for a request that completed on ``rank_id``, from ``warmup``'s
     continuity fit (the spec's value exactly under ``SpecWarmup``)."""
-    fit = warmup.continuity_fit(stats, target_id)
+    fit = warmup.continuity_fit(stats, rank_id)
     return fitted_acting_ttl_from_fit(fit, impact_seconds, max_ttl_seconds, window_complete=fit is not None)

@@ -53,7 +53,7 @@ def _row(row: ProgramRow, now: float) -> dict[str, Any]:
     return {
         "program": row.program,
         "state": row.state,
-        "rank": row.last_target,
+        "rank": row.last_rank,
         "context_tokens": row.estimated_context_tokens,
         "ttl_left_seconds": _remaining(row.ttl_deadline, now),
         "pooled_requests": row.pooled_requests,

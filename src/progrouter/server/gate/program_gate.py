@@ -222,7 +222,7 @@ class ProgramGate:
             self.residency.set_targets(self._targets)
         now = time.monotonic()
         for pool in sorted(self._pools):
-            self.scheduler.set_targets(pool, self._targets, now)
+            self.scheduler.set_ranks(pool, self._targets, now)
         for target_id in gone:
             self.observer.forget_target(target_id)
         self.driver.drain(now)
@@ -262,7 +262,7 @@ class ProgramGate:
         now = time.monotonic()
         if pool not in self._pools:
             self._pools.add(pool)
-            self.scheduler.set_targets(pool, self._targets, now)
+            self.scheduler.set_ranks(pool, self._targets, now)
         estimate = self.estimator.estimate(pool, route, prompt_bytes(body, raw_body))
         request = ProgramRequest(
             identity=found.identity,
@@ -415,7 +415,7 @@ class ProgramGate:
                     lambda: run_observation_loop(
                         self._scraper,
                         self.config.metrics_interval_seconds,
-                        self.scheduler.tracked_targets,
+                        self.scheduler.tracked_ranks,
                         begin,
                         apply,
                     ),
