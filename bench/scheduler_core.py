@@ -71,7 +71,9 @@ def build(arm: str, ranks: int, programs: int) -> tuple[ProgramScheduler, list[T
     if arm == "cold":  # windows never complete: TTL 0 unless hinted, no reserve, static force deadlines
         config |= {"stats_window_size": 1_000_000}
     scheduler = ProgramScheduler(ProgramSchedulingConfig(**config))
-    scheduler.set_ranks(POOL, targets, 0.0)
+    # ``--paired`` runs this file against older trees too, whose scheduler called it ``set_targets``
+    set_ranks = getattr(scheduler, "set_ranks", None) or scheduler.set_targets  # type: ignore[attr-defined]
+    set_ranks(POOL, targets, 0.0)
     return scheduler, targets
 
 
