@@ -31,11 +31,16 @@ def free_port() -> int:
 
 def free_ports_from(base: int, n: int) -> list[int]:
     """The first ``n`` free ports at or above ``base``: stable from run to run on an idle machine, so worker
-    URLs — which consistent hashing hashes — and therefore placements are reproducible."""
+    URLs — which consistent hashing hashes — and therefore placements are reproducible. A port is free when
+    a server could listen on it now: the probe binds as the servers do (``SO_REUSEADDR``, asyncio's default),
+    so a port the previous run left in TIME_WAIT counts as free, and a run started right after another
+    hashes the same ring (without it, back-to-back demos moved to the next port and native's placement with
+    it)."""
     ports: list[int] = []
     port = base
     while len(ports) < n:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
                 ports.append(port)
