@@ -39,7 +39,13 @@ async def test_requests_queued_behind_a_slow_request_time_out_with_408(
     kind: str, workers: WorkerFactory, launch: Launcher, http: aiohttp.ClientSession
 ) -> None:
     """A worker that takes longer than the queue timeout, four requests at once: the slot's refill does not
-    admit a waiter, and no waiter is refused for the queue being full — each gets 408 at its timeout."""
+    admit a waiter, and no waiter is refused for the queue being full — each gets 408 at its timeout.
+
+    The wheel's bucket refills its one token (``--rate-limit-tokens-per-second`` defaults to the
+    concurrency, 1/s) at the very second its waiters time out, and now and then its queue hands that token
+    to a waiter first, so that run ends [200, 200, 408, 408]. progrouter gives a refill to arrivals only,
+    so its outcome is exact; the wheel's is checked for what holds in
+    both of its outcomes: no 429 (the queue holds rather than refuses), the others 408, none lost."""
     (worker,) = await workers(1)
     router = await launch(kind, flags([worker.url], *QUEUED, "--queue-timeout-secs", "1"))
     worker.reset(Script(stall=True))  # held until the waiters are answered (a worker that takes 2 s or more)
@@ -48,6 +54,10 @@ async def test_requests_queued_behind_a_slow_request_time_out_with_408(
     await wait_for(settled, 20.0, "every request answered or at the worker")
     worker.release()
     statuses = Counter([(await request).status for request in requests])
+    if kind == "upstream":
+        assert statuses in (Counter({200: 1, 408: 3}), Counter({200: 2, 408: 2})), statuses
+        assert len(worker.proxied) == statuses[200]
+        return
     assert statuses == Counter({200: 1, 408: 3})
     assert len(worker.proxied) == 1
 
