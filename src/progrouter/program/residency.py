@@ -154,9 +154,9 @@ class ResidencyRules:
         self._book.replace(book)
         for program in self.in_vain(book):
             self._fired("ttl_end")
-            target = program.placement
+            rank_id = program.placement
             self._telemetry.observer.event(
-                "info", "residency_ttl_end", program=program.redacted, target=target
+                "info", "residency_ttl_end", program=program.redacted, target=rank_id
             )
             self._lifecycle.expire_ttl(program, now)
 
@@ -175,8 +175,8 @@ class ResidencyRules:
             return None
         covered, tokens = request.residency
         floor = math.ceil(CACHE_CONTINUITY_RATIO * covered) - 1
-        targets = self._fleet.pool_ranks.get(request.model_pool, ())
-        home = holder(ResidencyFacts(tokens, 0.0, covered), targets, floor)
+        rank_ids = self._fleet.pool_ranks.get(request.model_pool, ())
+        home = holder(ResidencyFacts(tokens, 0.0, covered), rank_ids, floor)
         if home is not None:
             self._fired("holder_bind")
         return home
@@ -187,8 +187,8 @@ class ResidencyRules:
         costs more."""
         if waited_seconds >= program.last_cache_miss_impact_seconds:
             return False
-        targets = self._fleet.pool_ranks.get(program.ref.model_pool, ())
-        kept = stays_home(program, self._book.get(program), targets)
+        rank_ids = self._fleet.pool_ranks.get(program.ref.model_pool, ())
+        kept = stays_home(program, self._book.get(program), rank_ids)
         if kept:
             self._fired("stay_home")
         return kept

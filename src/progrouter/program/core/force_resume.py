@@ -54,7 +54,7 @@ class PoolWork:
     """A pool's Ranks' ``RankWork`` summed, for global estimates."""
 
     computed_at: float
-    targets: list[str]  # the pool's Rank list it was computed for (identity marks a Rank change)
+    rank_ids: list[str]  # the pool's Rank list it was computed for (identity marks a Rank change)
     throughput: PoolThroughput
     active_remaining: float
 
@@ -146,10 +146,10 @@ class ForceResumeKeeper:
                 waiters_ahead=ahead,
                 max_timeout=maximum,
             )
-        target = program.last_rank
-        assert target is not None
-        work = self._rank(target, now)
-        queue = self._queues.get(target)
+        rank_id = program.last_rank
+        assert rank_id is not None
+        work = self._rank(rank_id, now)
+        queue = self._queues.get(rank_id)
         ahead = 0 if queue is None else queue.ahead_of(key)
         return local_force_resume_estimate(
             target_rounds=work.rounds,
@@ -159,34 +159,34 @@ class ForceResumeKeeper:
             max_timeout=maximum,
         )
 
-    def _rank(self, target: str, now: float) -> RankWork:
-        cached = self._ranks.get(target)
+    def _rank(self, rank_id: str, now: float) -> RankWork:
+        cached = self._ranks.get(rank_id)
         if cached is not None and 0.0 <= now - cached.computed_at < self._config.metrics_interval_seconds:
             return cached
-        factors = self._stats.get(target)
+        factors = self._stats.get(rank_id)
         rounds = target_rounds(factors, self._config.max_segment_rounds)
         throughput = 0.0 if factors is None else factors.request_throughput_per_second()
         active = 0.0
         if rounds > 0 and throughput > 0.0:
-            rank = self._table.ranks[target]
+            rank = self._table.ranks[rank_id]
             active = total_active_remaining_rounds(
                 rounds,
                 [p.rounds_since_activation for p in rank.reasoning],
                 [p.rounds_since_activation for p in rank.acting],
             )
-        work = self._ranks[target] = RankWork(now, rounds, throughput, active)
+        work = self._ranks[rank_id] = RankWork(now, rounds, throughput, active)
         return work
 
     def _pool(self, model_pool: str, now: float) -> PoolWork:
-        targets = self._fleet.pool_ranks.get(model_pool, [])
+        rank_ids = self._fleet.pool_ranks.get(model_pool, [])
         cached = self._pools.get(model_pool)
         fresh = cached is not None and 0.0 <= now - cached.computed_at < self._config.metrics_interval_seconds
-        if cached is not None and fresh and cached.targets is targets:
+        if cached is not None and fresh and cached.rank_ids is rank_ids:
             return cached
-        works = [self._rank(target, now) for target in targets]
+        works = [self._rank(rank_id, now) for rank_id in rank_ids]
         work = self._pools[model_pool] = PoolWork(
             computed_at=now,
-            targets=targets,
+            rank_ids=rank_ids,
             throughput=PoolThroughput.of((w.rounds, w.throughput) for w in works),
             active_remaining=math.fsum(w.active_remaining for w in works),
         )

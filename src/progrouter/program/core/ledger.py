@@ -135,17 +135,17 @@ class CapacityLedger:
 
     def recharge(self, program: Program, tokens: int) -> None:
         """An Active Program's demand changed (growth at arrival, completion): move the ledger by the diff."""
-        target = program.placement
-        if target is None:
+        rank_id = program.placement
+        if rank_id is None:
             return
         charged = self._charged
         diff = tokens - charged.get(program, 0)
         if diff:
-            account = self.account(target)
+            account = self.account(rank_id)
             account.ledger_tokens += diff
             account.delta += diff
             charged[program] = tokens
-            self._agenda.capacity_changed(target)
+            self._agenda.capacity_changed(rank_id)
 
     def discharge(self, program: Program, rank_id: str) -> None:
         tokens = self._charged.pop(program, 0)

@@ -264,21 +264,21 @@ class Lifecycle:
         """An idle Program came back: the gap since its last completion is a continuity sample of its Rank."""
         record = program.lifecycle
         finished = record.completions.last_finished_at
-        target = program.last_rank
-        if program.in_flight or finished is None or target is None or target not in self._fleet.targets:
+        rank_id = program.last_rank
+        if program.in_flight or finished is None or rank_id is None or rank_id not in self._fleet.targets:
             return
         interval = max(0.0, now - finished)
-        self._stats.of(target).push_continuity(
+        self._stats.of(rank_id).push_continuity(
             ContinuitySample(interval, program.last_cache_miss_impact_seconds)
         )
         if self._telemetry.observing:
-            self._telemetry.observer.histogram("request_interval_seconds", interval, target=target)
+            self._telemetry.observer.histogram("request_interval_seconds", interval, target=rank_id)
         if self._telemetry.debugging:
             self._telemetry.observer.event(
                 "debug",
                 "continuity_sample",
                 program=program.redacted,
-                target=target,
+                target=rank_id,
                 interval_seconds=interval,
                 cache_miss_impact_seconds=program.last_cache_miss_impact_seconds,
             )
@@ -298,8 +298,8 @@ class Lifecycle:
         """Apply one (current-epoch) completion; the caller already checked it is not stale."""
         record = cast(_Record, program.lifecycle)
         config = self._config
-        target = dispatch.target.id
-        factors = self._stats.of(target)
+        rank_id = dispatch.target.id
+        factors = self._stats.of(rank_id)
         usage = usage or UsageObservation()
         prompt = usage.prompt_tokens if usage.prompt_tokens is not None else dispatch.estimated_context_tokens
         explicit_cached = usage.cached_tokens
@@ -329,7 +329,7 @@ class Lifecycle:
                     now,  # finished at
                 )
             )
-            self._agenda.capacity_changed(target)  # the growth reserve and target rounds may have moved
+            self._agenda.capacity_changed(rank_id)  # the growth reserve and target rounds may have moved
             record.completions = Completions(record.completions.requests + 1, now, prompt)
             self._table.count_completion(program, impact, round_served=continuous)
         record.output_token_reservation = None
@@ -400,7 +400,7 @@ class Lifecycle:
         return continuous
 
     def _observe_shared_prefix(
-        self, program: Program, target: str, explicit_cached: int | None, now: float
+        self, program: Program, rank_id: str, explicit_cached: int | None, now: float
     ) -> None:
         """A new segment observes the shared prefix, unless the last observation is still fresh."""
         record = cast(_Record, program.lifecycle)
@@ -409,15 +409,15 @@ class Lifecycle:
             return
         lifetime = shared_prefix_lifetime(
             self._config,
-            self._stats.get(target),
-            len(self._table.ranks[target].reasoning),
-            self._ledger.capacity(target),
+            self._stats.get(rank_id),
+            len(self._table.ranks[rank_id].reasoning),
+            self._ledger.capacity(rank_id),
         )
         # Missing cached usage is no evidence of a shared prefix: it observes 0.
         record.shared_prefix = SharedPrefix(explicit_cached or 0, True, now, now + lifetime)
         if explicit_cached is not None and self._telemetry.observing:
             self._telemetry.observer.histogram(
-                "shared_prefix_observed_tokens", explicit_cached, target=target
+                "shared_prefix_observed_tokens", explicit_cached, target=rank_id
             )
 
     def _report_cache(
@@ -433,7 +433,7 @@ class Lifecycle:
     ) -> None:
         record = program.lifecycle
         observer = self._telemetry.observer
-        target = dispatch.target.id
+        rank_id = dispatch.target.id
         if (
             explicit_cached is not None
             and previous > 0
@@ -444,7 +444,7 @@ class Lifecycle:
                 "info",
                 "unexpected_cache_discontinuity",
                 program=program.redacted,
-                target=target,
+                target=rank_id,
                 prompt_tokens=prompt,
                 cached_tokens=explicit_cached,
                 previous_context_tokens=previous,
@@ -459,27 +459,27 @@ class Lifecycle:
                 "debug",
                 "cache_observation",
                 program=program.redacted,
-                target=target,
+                target=rank_id,
                 prompt_tokens=prompt,
                 cached_tokens=cached,
                 explicit_cached=explicit_cached is not None,
                 continuous=continuous,
                 cache_miss_impact_seconds=impact,
             )
-        observer.histogram("cache_miss_impact_seconds", impact, target=target)
+        observer.histogram("cache_miss_impact_seconds", impact, target=rank_id)
 
     # Progress-TTL
     def arm_ttl(self, program: Program, ttl: float, source: str, now: float) -> None:
         """Keep an idle Active Program's placement for ``ttl`` seconds; 0 pauses it at once."""
         record = cast(_Record, program.lifecycle)
-        target = program.placement
-        assert target is not None
+        rank_id = program.placement
+        assert rank_id is not None
         ttl = max(0.0, ttl)
         if self._telemetry.observing:
-            self._telemetry.observer.histogram("armed_ttl_seconds", ttl, target=target, source=source)
+            self._telemetry.observer.histogram("armed_ttl_seconds", ttl, target=rank_id, source=source)
         if self._telemetry.debugging:
             self._telemetry.observer.event(
-                "debug", "ttl_armed", program=program.redacted, target=target, ttl_seconds=ttl, source=source
+                "debug", "ttl_armed", program=program.redacted, target=rank_id, ttl_seconds=ttl, source=source
             )
         if ttl <= 0.0:
             self.expire_ttl(program, now)  # (no ActingTTL record: the pause would drop it at once)
@@ -505,11 +505,11 @@ class Lifecycle:
 
     def expire_ttl(self, program: Program, now: float) -> None:
         record = cast(_Record, program.lifecycle)
-        target = program.placement
-        assert target is not None
+        rank_id = program.placement
+        assert rank_id is not None
         segment = record.segment
         rounds = segment.served_rounds - segment.ttl_pause_sampled_rounds
-        self._stats.of(target).push_ttl_pause_rounds(max(0, rounds))
+        self._stats.of(rank_id).push_ttl_pause_rounds(max(0, rounds))
         record.segment = Segment(segment.started_at, segment.served_rounds, segment.served_rounds, 0)
         self.pause(program, _TTL_EXPIRED, now)
 
@@ -518,7 +518,7 @@ class Lifecycle:
         """An idle Active Program gives its placement up; its KV is no longer protected."""
         record = cast(_Record, program.lifecycle)
         released = self._ledger.charged(program)
-        target = self._table.pause(program)
+        rank_id = self._table.pause(program)
         record.pause = Pause(now, reason)
         record.acting_ttl = None
         shared = record.shared_prefix
@@ -527,12 +527,12 @@ class Lifecycle:
             lifetime = max(0.0, fresh_until - anchor)
             record.shared_prefix = SharedPrefix(shared.tokens, shared.observed, now, now + lifetime)
         if self._telemetry.observing:
-            self._telemetry.observer.transition(target, reason.value)
+            self._telemetry.observer.transition(rank_id, reason.value)
             self._telemetry.observer.event(
                 "info",
                 "program_pause",
                 program=program.redacted,
-                target=target,
+                target=rank_id,
                 reason=reason.value,
                 released_private_tokens=released,
             )
@@ -571,30 +571,30 @@ class Lifecycle:
     def release(self, program: Program, now: float, *, reason: str | None = None) -> None:
         """End the generation: capacity, binding, queue entries and its lineage link go (its generation number
         stays fenced while it is among the most recently released)."""
-        target = program.placement or program.last_rank
+        rank_id = program.placement or program.last_rank
         self._queues.remove(program)
         self._keeper.clear(program)
         self._table.release(program)
         self._timers.forget(program)
         self.paused_idle.pop(program, None)
         self._lineage.forget(program.ref.model_pool, program.ref.program_id)
-        if reason is not None and target is not None:
-            self._telemetry.observer.transition(target, reason)
+        if reason is not None and rank_id is not None:
+            self._telemetry.observer.transition(rank_id, reason)
 
     # segment yield
     def segment_yield(self, program: Program, now: float) -> None:
         """After ``max_segment_rounds`` continuous rounds, yield to a local waiter relief does not cover."""
         if program.rounds_since_activation < self._config.max_segment_rounds:
             return
-        target = program.placement
-        assert target is not None
-        queue = self._queues.get(target)
+        rank_id = program.placement
+        assert rank_id is not None
+        queue = self._queues.get(rank_id)
         waiter = None if queue is None else queue.first()
         if waiter is None:
             return
         decode_buffer = self._config.decode_buffer_tokens
         if required_tokens(waiter, self._request_pool.front_hints(waiter), decode_buffer) > future_relief(
-            self._table.ranks[target], decode_buffer
+            self._table.ranks[rank_id], decode_buffer
         ):
             self.pause(program, PauseReason.MAX_SEGMENT_YIELD, now)
 

@@ -305,8 +305,8 @@ class RankQueues:
     def entry(self, program: Program) -> QueueEntry | None:
         """``program``'s entry (its key, frozen demand, uncached context, force deadline) while it waits in
         its last Rank's queue; None when it is not queued."""
-        target = program.last_rank
-        queue = None if target is None else self._queues.get(target)
+        rank_id = program.last_rank
+        queue = None if rank_id is None else self._queues.get(rank_id)
         return None if queue is None else queue._entries.get(program)
 
     def key(self, program: Program) -> QueueKey | None:
@@ -315,14 +315,14 @@ class RankQueues:
         return None if entry is None else entry.key
 
     def insert(self, program: Program, entry: QueueEntry) -> None:
-        target = program.last_rank
-        assert target is not None and self.entry(program) is None
-        queue = self._queues.get(target)
+        rank_id = program.last_rank
+        assert rank_id is not None and self.entry(program) is None
+        queue = self._queues.get(rank_id)
         if queue is None:
-            queue = self._queues[target] = RankQueue()
+            queue = self._queues[rank_id] = RankQueue()
         queue.insert(program, entry)
         key = entry.key
-        self._agenda.candidates_arrived(target)
+        self._agenda.candidates_arrived(rank_id)
         if self._pool_keys is not None:
             keys = self._pool_keys.get(program.ref.model_pool)
             if keys is None:
@@ -333,9 +333,9 @@ class RankQueues:
         entry = self.entry(program)
         if entry is None:
             return
-        target = program.last_rank
-        assert target is not None
-        self._queues[target].remove(program)
+        rank_id = program.last_rank
+        assert rank_id is not None
+        self._queues[rank_id].remove(program)
         self._forget_pool_key(program, entry.key)
 
     def _forget_pool_key(self, program: Program, key: QueueKey) -> None:

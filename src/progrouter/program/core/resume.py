@@ -167,9 +167,9 @@ class Resumer:
     def commit_admission(self, program: Program, plan: AdmissionPlan, now: float) -> None:
         """Activate ``program`` on the planned Rank and dispatch its retained requests."""
         previous = program.last_rank
-        target = plan.rank_id
+        rank_id = plan.rank_id
         self.stop_waiting(program)
-        self._table.activate(program, target, plan.required, overflow=plan.overflow)
+        self._table.activate(program, rank_id, plan.required, overflow=plan.overflow)
         lifecycle.activated(program, now)
         if self._telemetry.observing:
             self._report_admission(plan, previous, program.redacted, now)
@@ -178,12 +178,12 @@ class Resumer:
     def _report_admission(self, plan: AdmissionPlan, previous: str | None, program: str, now: float) -> None:
         """The admission's log event, histograms and transitions (``program``: the redacted id)."""
         observer = self._telemetry.observer
-        target = plan.rank_id
+        rank_id = plan.rank_id
         observer.event(
             "info",
             "program_admit",
             program=program,
-            target=target,
+            target=rank_id,
             forced=plan.forced,
             batch_gain=plan.batch_gain,
             active_programs=plan.active,
@@ -195,29 +195,29 @@ class Resumer:
         if not self._config.binding_only:
             self._admission_histograms(plan, now)
         reason = "force_resume" if plan.forced else "batch_gain_admit" if plan.batch_gain else "program_admit"
-        observer.transition(target, reason)
-        if previous is not None and previous != target:
-            observer.transition(target, "cross_rank_resume")
+        observer.transition(rank_id, reason)
+        if previous is not None and previous != rank_id:
+            observer.transition(rank_id, "cross_rank_resume")
 
     def _admission_histograms(self, plan: AdmissionPlan, now: float) -> None:
         observer = self._telemetry.observer
-        target = plan.rank_id
-        observer.histogram("admission_used_tokens", plan.used, target=target)
-        observer.histogram("admission_required_tokens", plan.required, target=target)
-        observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=target)
+        rank_id = plan.rank_id
+        observer.histogram("admission_used_tokens", plan.used, target=rank_id)
+        observer.histogram("admission_required_tokens", plan.required, target=rank_id)
+        observer.histogram("admission_growth_reserve_tokens", plan.reserve, target=rank_id)
         capacity = plan.capacity
         if capacity is not None:
-            observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=target)
+            observer.histogram("admission_capacity_pressure_ratio", plan.used / capacity, target=rank_id)
             projected = (plan.used + plan.required + plan.reserve) / capacity
-            observer.histogram("admission_projected_pressure_ratio", projected, target=target)
-        account = self._ledger.accounts.get(target)
+            observer.histogram("admission_projected_pressure_ratio", projected, target=rank_id)
+        account = self._ledger.accounts.get(rank_id)
         observation: BackendObservation | None = None if account is None else account.observation
         if account is not None and observation is not None and account.observed_at is not None:
-            observer.histogram("admission_backend_kv_usage_ratio", observation.kv_cache_usage, target=target)
-            observer.histogram("admission_backend_running_requests", observation.running, target=target)
-            observer.histogram("admission_backend_waiting_requests", observation.waiting, target=target)
+            observer.histogram("admission_backend_kv_usage_ratio", observation.kv_cache_usage, target=rank_id)
+            observer.histogram("admission_backend_running_requests", observation.running, target=rank_id)
+            observer.histogram("admission_backend_waiting_requests", observation.waiting, target=rank_id)
             age = max(0.0, now - account.observed_at)
-            observer.histogram("admission_capacity_observation_age_seconds", age, target=target)
+            observer.histogram("admission_capacity_observation_age_seconds", age, target=rank_id)
 
     # scheduling
     def schedule_rank(self, rank_id: str, now: float, *, full: bool) -> None:
@@ -308,20 +308,20 @@ class Resumer:
     def cross_rank_pass(self, model_pool: str, now: float) -> None:
         """``global_queue`` pass 2: move previously paused waiters to another Rank of their pool (§3.9)."""
         config = self._config
-        targets = self._fleet.pool_ranks.get(model_pool, [])
-        if len(targets) < 2:
+        rank_ids = self._fleet.pool_ranks.get(model_pool, [])
+        if len(rank_ids) < 2:
             return
         interval = config.metrics_interval_seconds
         stats, gate, residency = self._stats, self._gate, self._residency
         record = self._keeper.record
         mature = self._warmup.request_stats_mature  # the spec's, bar stats_warmup (variants/warmup.py)
-        destinations = [t for t in targets if self._queues.size(t) == 0 and mature(stats, t)]
+        destinations = [t for t in rank_ids if self._queues.size(t) == 0 and mature(stats, t)]
         if not destinations:
             return
         candidates: list[Program] = []
-        for target in targets:
-            queue = self._queues.get(target)
-            if queue is None or not len(queue) or not mature(stats, target):
+        for rank_id in rank_ids:
+            queue = self._queues.get(rank_id)
+            if queue is None or not len(queue) or not mature(stats, rank_id):
                 continue
             candidates.extend(
                 p

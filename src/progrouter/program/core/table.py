@@ -202,10 +202,10 @@ class ProgramTable:
         row.last_cache_miss_impact_seconds = seconds
         if round_served:
             row.rounds_since_activation = rounds_since + 1
-        target = row.placement
-        if target is None:
+        rank_id = row.placement
+        if rank_id is None:
             return
-        rank = self.ranks[target]
+        rank = self.ranks[rank_id]
         rounds, impacts, top = rank.rounds, rank.impacts, rank._top
         b = rounds_since if rounds_since < top else top
         if round_served:  # leave the old bucket, enter the next with the old impact
@@ -253,33 +253,33 @@ class ProgramTable:
 
     def pause(self, program: Program) -> str:
         """Active+Acting → Paused+Acting; returns the Rank it left."""
-        target = program.placement
-        assert target is not None
+        rank_id = program.placement
+        assert rank_id is not None
         self._move(program, _PAUSE)
-        self._leave_placement(program, target)
-        return target
+        self._leave_placement(program, rank_id)
+        return rank_id
 
     def invalidate(self, program: Program) -> str | None:
         """The placement Rank vanished: → Paused; in-flight requests are forgotten (completions stale)."""
         row = cast(_Row, program)
-        target = row.placement
-        if target is None:
+        rank_id = row.placement
+        if rank_id is None:
             return None
         self._move(program, Event.INVALIDATE)
-        self._leave_placement(program, target)
+        self._leave_placement(program, rank_id)
         row.in_flight = 0
         row.placement_epoch = next(self._epochs)
         self._idle_if_quiet(program)
-        return target
+        return rank_id
 
     def release(self, program: Program) -> None:
         """End the generation (idle only). An Active Program gives its capacity back first."""
         if program.in_flight or self._request_pool.waiting(program):
             raise IllegalTransition("release of a Program with requests in flight or retained")
-        target = program.placement
+        rank_id = program.placement
         self._move(program, Event.RELEASE)
-        if target is not None:
-            self._leave_placement(program, target)
+        if rank_id is not None:
+            self._leave_placement(program, rank_id)
         self._attribute(program, None, unbind=False)
         key = program.key
         del self._programs[key]
@@ -320,9 +320,9 @@ class ProgramTable:
         row.state, row.status = after
         if after[1] is before_status or before_state is not ACTIVE:
             return  # the Rank's Active indexes only change when an Active Program changes status
-        target = row.placement
-        if target is not None and after[0] is ACTIVE:
-            rank = self.ranks[target]
+        rank_id = row.placement
+        if rank_id is not None and after[0] is ACTIVE:
+            rank = self.ranks[rank_id]
             if after[1] is REASONING and program not in rank.reasoning:
                 rank.acting.pop(program, None)
                 rank.reasoning[program] = None
@@ -342,9 +342,9 @@ class ProgramTable:
             return True
         return False
 
-    def _leave_placement(self, program: Program, target: str) -> None:
+    def _leave_placement(self, program: Program, rank_id: str) -> None:
         row = cast(_Row, program)
-        rank = self.ranks[target]
+        rank = self.ranks[rank_id]
         if rank.reasoning.pop(program, _MISSING) is not _MISSING:
             rank.reasoning_context -= row.estimated_context_tokens
             rank.active_count -= 1
@@ -358,7 +358,7 @@ class ProgramTable:
         row.pause_when_idle = False
         row.placement = None
         row.placement_start_pending = False
-        self._ledger.discharge(program, target)
+        self._ledger.discharge(program, rank_id)
 
     def _attribute(self, program: Program, rank_id: str | None, *, unbind: bool = True) -> None:
         """Move ``program`` to the ``attributed`` index of ``rank_id`` (or the pool's unbound set)."""
