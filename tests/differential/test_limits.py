@@ -44,8 +44,8 @@ async def test_requests_queued_behind_a_slow_request_time_out_with_408(
     The wheel's bucket refills its one token (``--rate-limit-tokens-per-second`` defaults to the
     concurrency, 1/s) at the very second its waiters time out, and now and then its queue hands that token
     to a waiter first, so that run ends [200, 200, 408, 408]. progrouter gives a refill to arrivals only,
-    so its outcome is exact; the wheel's is checked for what holds in
-    both of its outcomes: no 429 (the queue holds rather than refuses), the others 408, none lost."""
+    so its outcome is exact; the wheel's is checked for what holds in both of its outcomes: no 429 (the
+    queue holds rather than refuses), the others 408, each 200 proxied once."""
     (worker,) = await workers(1)
     router = await launch(kind, flags([worker.url], *QUEUED, "--queue-timeout-secs", "1"))
     worker.reset(Script(stall=True))  # held until the waiters are answered (a worker that takes 2 s or more)
