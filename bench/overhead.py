@@ -61,15 +61,29 @@ from _loopback import wait_ready as _wait_ready
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / ".venv-upstream" / "bin" / "vllm-router"
 _MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
-PLAIN = json.dumps({"model": "bench", "messages": _MESSAGES, "max_tokens": 4, "stream": False}).encode()
 PROGRAMS = 8  # distinct Programs the Program load cycles through
 FLOOR = "aiohttp floor"
 
 
-def program_body(i: int) -> bytes:
-    context = json.dumps({"task_id": f"task-{i % PROGRAMS}", "agent_id": "lead"})
-    body = {"model": "bench", "messages": _MESSAGES, "max_tokens": 4, "stream": False}
-    return json.dumps({**body, "vllm_xargs": {"agentic_context": context}}).encode()
+def _request(extra: dict[str, object], context_chars: int) -> bytes:
+    """A chat completion; ``context_chars`` of filler before the question stand for an agent's context
+    (400,000 characters ≈ 100k tokens, the size of a coding agent's median call)."""
+    messages = _MESSAGES
+    if context_chars:
+        filler = ("lorem ipsum dolor sit amet " * (context_chars // 27 + 1))[:context_chars]
+        messages = [_MESSAGES[0], {"role": "user", "content": filler + "\nSay hi."}]
+    body = {"model": "bench", "messages": messages, "max_tokens": 4, "stream": False, **extra}
+    return json.dumps(body).encode()
+
+
+def make_loads(context_chars: int) -> dict[str, list[bytes]]:
+    """Each load's bodies, sent in turn: plain requests, and Program ones (an ``agentic_context`` naming
+    one of ``PROGRAMS`` Programs)."""
+    programs = []
+    for i in range(PROGRAMS):
+        context = json.dumps({"task_id": f"task-{i}", "agent_id": "lead"})
+        programs.append(_request({"vllm_xargs": {"agentic_context": context}}, context_chars))
+    return {"plain": [_request({}, context_chars)], "program": programs}
 
 
 ANSWER = (
@@ -77,7 +91,8 @@ ANSWER = (
     b' "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],'
     b' "usage": {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}}'
 )
-LOADS = {"plain": lambda _i: PLAIN, "program": program_body}
+LOADS = make_loads(0)  # --context-chars replaces them
+PLAIN = LOADS["plain"][0]
 
 
 def serve_worker(port: int) -> None:
@@ -156,12 +171,12 @@ async def _load(session: aiohttp.ClientSession, url: str, load: str, requests: i
     latencies: list[float] = []
     sent = 0
     headers = {"Content-Type": "application/json"}
-    body_of = LOADS[load]
+    bodies = LOADS[load]
 
     async def one_client() -> None:
         nonlocal sent
         while sent < requests:
-            body = body_of(sent)
+            body = bodies[sent % len(bodies)]
             sent += 1
             start = time.perf_counter()
             async with session.post(url, data=body, headers=headers) as resp:
@@ -575,7 +590,8 @@ async def _bench(requests: int, repeat: int, profile: str | None, burn: int) -> 
             worker.terminate()
             worker.wait(timeout=30)
         print(
-            f"router overhead, round_robin, 1 loopback worker, 4-token completion, {requests} requests per"
+            f"router overhead, round_robin, 1 loopback worker, 4-token completion,"
+            f" {len(LOADS['plain'][0]):,}-byte request bodies, {requests} requests per"
             f" cell, {repeat} runs, {os.cpu_count()} CPUs, {burn} CPU burners, load average"
             f" {os.getloadavg()[0]:.1f} (/proc/loadavg: {loadavg()})"
         )
@@ -614,6 +630,13 @@ def main() -> int:
         metavar="N",
         help="run N CPU-burning processes (one core each) for the whole bench: the figures under load",
     )
+    parser.add_argument(
+        "--context-chars",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pad each request with N characters of context (400000 ≈ a coding agent's 100k-token call)",
+    )
     parser.add_argument("--serve-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-profiled", default=None, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -625,6 +648,9 @@ def main() -> int:
         return 0
     import uvloop
 
+    global LOADS, PLAIN
+    LOADS = make_loads(args.context_chars)
+    PLAIN = LOADS["plain"][0]
     if args.gaps is not None:
         uvloop.run(gaps(args.requests, [float(g) for g in args.gaps.split(",")]))
     elif args.paired is not None:

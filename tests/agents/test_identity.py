@@ -10,6 +10,7 @@ import pytest
 from progrouter.agents.identity import IdentityResult, extract_identity
 from progrouter.config import EnableKey
 from progrouter.program.types import InvalidIdentity, RequestHints
+from progrouter.routing.hash_key import UNDIGESTED_BODY_KEY
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -400,6 +401,10 @@ def test_placement_hash_key_falls_back_to_native_key() -> None:
     assert key.startswith("request_hash:")
     # The hash of the same body is stable.
     assert get(long_body).identity.placement_hash_key == key
+    # A binding strategy that never reads the key spares the digest, and only the digest.
+    assert get(long_body, digest_body=False).identity.placement_hash_key == UNDIGESTED_BODY_KEY
+    undigested_short = get(short, raw_body=raw, digest_body=False).identity
+    assert undigested_short.placement_hash_key == f"request:{raw.decode()}"
 
 
 def test_placement_hash_key_prefers_framework_session_header_even_for_canonical() -> None:

@@ -125,3 +125,24 @@ def test_model_pools() -> None:
     assert model_pool_of({"model": "llama"}) == "program:model:llama"
     assert model_pool_of({"model": ""}) == "program:all"
     assert model_pool_of(None) == "program:all"
+
+
+@pytest.mark.parametrize("strategy", ["consistent_hash", "least_program_count"])
+async def test_long_bodies_bind_by_their_digest_only_under_consistent_hash(strategy: str) -> None:
+    """consistent_hash places a Program without a session header by its body's digest, so distinct
+    Programs spread over the Ranks; the other strategies never read the key (its digest is not computed)."""
+    targets = [Target.parse("http://127.0.0.1:9"), Target.parse("http://127.0.0.1:10")]
+    program = ProgramSchedulingConfig(binding_strategy=strategy, metrics_interval_seconds=60.0)
+    config = RouterConfig(worker_urls=[t.base_url for t in targets], program_scheduling=program)
+    async with aiohttp.ClientSession() as session:
+        g = ProgramGate(config, session, CollectorRegistry(), None)
+        g.set_healthy_targets(targets)
+        await g.start()
+        try:
+            assert g.scheduler.binding_reads[1] is (strategy == "consistent_hash")
+            tickets = [await acquire(g, body(f"p{i}", words=50 + i)) for i in range(16)]
+            assert len({t.target.id for t in tickets}) == 2  # spread: by digest, or to the least loaded
+            for ticket in tickets:
+                ticket.finish(True)
+        finally:
+            await g.stop()

@@ -1,7 +1,8 @@
+import zlib
+
 import pytest
 
-from progrouter.routing.hash_key import native_hash_key
-from progrouter.routing.hash_ring import stable_hash64
+from progrouter.routing.hash_key import UNDIGESTED_BODY_KEY, native_hash_key
 
 
 def test_header_priority_and_case_insensitivity() -> None:
@@ -35,5 +36,14 @@ def test_non_identifier_body_values_fall_through() -> None:
 def test_body_fallback_short_and_long() -> None:
     assert native_hash_key({}, {"prompt": "hi"}, b'{"prompt":"hi"}') == 'request:{"prompt":"hi"}'
     raw = b"x" * 101
-    assert native_hash_key({}, None, raw) == f"request_hash:{stable_hash64('x' * 101):016x}"
+    assert native_hash_key({}, None, raw) == f"request_hash:{zlib.crc32(raw):08x}"
     assert native_hash_key({}, None, b"y" * 100) == "request:" + "y" * 100
+
+
+def test_a_long_body_is_digested_only_when_asked() -> None:
+    raw = b"x" * 101
+    assert native_hash_key({}, None, raw, digest=False) == UNDIGESTED_BODY_KEY
+    # Every other key is the same either way: only the digest is left out.
+    assert native_hash_key({}, None, b"y" * 100, digest=False) == "request:" + "y" * 100
+    assert native_hash_key({"x-session-id": "s"}, None, raw, digest=False) == "header:x-session-id:s"
+    assert native_hash_key({}, {"user": "u"}, raw, digest=False) == "user:u"

@@ -142,12 +142,14 @@ def extract_identity(
     raw_body: bytes | None = None,
     model_pool: str | None = None,
     extensions: bool = False,
+    digest_body: bool = True,
 ) -> IdentityResult | None:
     """Resolve the request's Program identity, or None when it takes the native (identity-free) path.
 
     ``raw_body`` feeds the native hash key fallback (re-serialised from ``body`` when omitted);
     ``model_pool`` is only bounds-checked here, as upstream persists it with the identity; ``extensions``
-    (under ``auto`` only) adds the harness sources beyond the spec after the spec's own.
+    (under ``auto`` only) adds the harness sources beyond the spec after the spec's own. ``digest_body=False``
+    (a binding strategy that never reads the placement hash key) leaves a long body's digest out of the key.
     Raises ``InvalidIdentity`` for a recognised but malformed identity.
     """
     if type(enable_key) is not EnableKey:
@@ -162,7 +164,7 @@ def extract_identity(
         """Asked once an identity is found, as it is built (so it is built once)."""
         if model_pool is not None:
             _check_bounds((("model pool", model_pool),))
-        key = _placement_hash_key(headers, lowered, request, raw_body)
+        key = _placement_hash_key(headers, lowered, request, raw_body, digest_body)
         if _too_long(key, MAX_PLACEMENT_HASH_KEY_BYTES):
             raise InvalidIdentity(f"placement hash key exceeds {MAX_PLACEMENT_HASH_KEY_BYTES} bytes")
         return key
@@ -547,6 +549,7 @@ def _placement_hash_key(
     lowered: Mapping[str, str],
     request: Mapping[str, Any] | None,
     raw_body: bytes | None,
+    digest_body: bool,
 ) -> str:
     """Framework session header first, else the native consistent-hash key, so both paths agree."""
     for name in _PLACEMENT_SESSION_HEADERS if lowered else ():
@@ -558,7 +561,7 @@ def _placement_hash_key(
             return f"header:{name}:{value}"
     if raw_body is None:
         raw_body = orjson.dumps(dict(request)) if request is not None else b""
-    return native_hash_key(headers, request, raw_body)
+    return native_hash_key(headers, request, raw_body, digest=digest_body)
 
 
 # ------------------------------------------------------------------------------------------------ fields

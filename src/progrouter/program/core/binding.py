@@ -58,6 +58,8 @@ class Binder:
         # Only cache_aware needs the request text (upstream passes it into acquire only then); decided
         # once, as every retained request asks.
         self.keeps_text = self.strategy is BindingStrategy.CACHE_AWARE
+        # Only consistent_hash reads the placement hash key: the others spare the shell its body digest.
+        self.reads_hash_key = self.strategy is BindingStrategy.CONSISTENT_HASH
 
     @property
     def needs_candidates(self) -> bool:

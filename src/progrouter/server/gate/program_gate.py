@@ -38,7 +38,7 @@ from progrouter.agents.driver import ProgramDriver
 from progrouter.agents.identity import extract_identity
 from progrouter.agents.token_estimator import TokenEstimate, TokenEstimator, prompt_bytes
 from progrouter.agents.usage import SseUsageAccumulator, merge_json_usage
-from progrouter.config import AUTO_TOKEN_CAPACITY, BindingStrategy, ProgramSchedulingConfig, RouterConfig
+from progrouter.config import AUTO_TOKEN_CAPACITY, ProgramSchedulingConfig, RouterConfig
 from progrouter.observe.capacity_hint import CapacityHint
 from progrouter.observe.poller import MetricsScraper, run_observation_loop
 from progrouter.program import (
@@ -182,7 +182,7 @@ class ProgramGate:
             capacity_hint=hint,
             kv_sizes=program.token_capacity_per_dp_rank == AUTO_TOKEN_CAPACITY,
         )
-        self._keep_text = program.binding_strategy is BindingStrategy.CACHE_AWARE
+        self._keep_text, self._digest_body = self.scheduler.binding_reads
         self._targets: list[Target] = []
         self._pools: set[str] = set()
         self._wake: asyncio.Future[None] | None = None  # the driver's sleep; resolved to wake it early
@@ -253,6 +253,7 @@ class ProgramGate:
             raw_body=raw_body,
             model_pool=pool,
             extensions=self.config.identity_extensions,
+            digest_body=self._digest_body,
         )
         if found is None:
             return None
