@@ -236,6 +236,27 @@ async def test_a_body_sent_after_its_head_is_waited_for_and_one_that_never_ends_
         assert len(worker.requests) == 1
 
 
+async def test_a_body_read_in_parts_is_taken_whole_and_the_request_behind_it_comes_next(
+    served: Served,
+) -> None:
+    """A large body arrives over several reads, the last of which also holds the next request: each body
+    reaches the worker whole, and the next request is answered after the first."""
+    worker, router = served
+    first = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 300_000}]})
+    second = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "second"}]})
+    request = post(first)
+    async with await Conn.open(router) as conn:
+        await conn.send(request[:100_000])
+        await asyncio.sleep(0.05)  # separate reads; no timing is asserted
+        await conn.send(request[100_000:200_000])
+        await asyncio.sleep(0.05)
+        await conn.send(request[200_000:] + post(second))
+        assert (await conn.reply())[0] == 200
+        assert (await conn.reply())[0] == 200
+    assert [r["raw"] for r in worker.requests] == [first, second]
+    assert door(router).served == 2
+
+
 async def test_a_client_that_hangs_up_mid_stream_cancels_the_worker_request(served: Served) -> None:
     worker, router = served
     conn = await Conn.open(router)
