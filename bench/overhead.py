@@ -13,6 +13,9 @@ to upstream's) by concurrency. ``--burn N`` runs N CPU-burning processes for the
 "under load"); ``--gaps 0,2,10`` instead prints CPU per plain request at concurrency 1 with the client pausing
 between requests (the cost of a request that starts cold, after the router slept while others ran).
 
+``--context-chars N`` pads every request with N characters of context (400000 ≈ the 100k-token call of a
+coding agent), where the per-byte work of the request path shows.
+
 ``--profile`` then runs progrouter once more with a sampling profiler on CPU time (``CpuSampler``), switched
 on for each load's measured part alone (SIGUSR1 starts and ends a segment), and prints per load: a summary
 by layer (``LAYERS``: HTTP server, worker hop, scheduler core, metrics …), the own CPU per request by
@@ -28,7 +31,7 @@ through the three in turn (the order rotating from chunk to chunk), router CPU f
 prints per load each router's median CPU µs per request, the median and interquartile range of this/other per
 chunk, the ratio of the sums, and each tree's CPU over upstream's in the same chunks (median).
 
-    .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]]
+    .venv/bin/python bench/overhead.py [--requests 4000] [--repeat 3] [--profile [OUT]] [--context-chars N]
     .venv/bin/python bench/overhead.py --paired ../main/src [--requests 400] [--chunks 30]
     .venv/bin/python bench/overhead.py --gaps 0,2,10 [--requests 600]
 """
