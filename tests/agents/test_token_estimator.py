@@ -59,5 +59,6 @@ def test_prompt_bytes_measures_only_prompt_bearing_fields() -> None:
     noisy = {**base, "max_tokens": 5, "stream": True, "vllm_xargs": {"agentic_context": "x" * 500}}
     assert prompt_bytes(base, b"") == prompt_bytes(noisy, b"") == len(b'[{"role":"user","content":"hello"}]')
     assert prompt_bytes({"prompt": "héllo"}, b"") == 6
+    assert prompt_bytes({"prompt": "hello"}, b"") == 5
     assert prompt_bytes({"system": "s", "messages": [], "tools": [{"a": 1}]}, b"") == 1 + 2 + 9
     assert prompt_bytes(None, b"raw bytes") == 9

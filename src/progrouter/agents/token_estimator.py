@@ -38,8 +38,8 @@ def prompt_bytes(body: Mapping[str, Any] | None, raw_body: bytes) -> int:
     for _kind, value in prompt_sections(body):
         if value is None:
             continue
-        if isinstance(value, str):
-            total += len(value.encode())
+        if isinstance(value, str):  # an ASCII string is its own byte count: no 400 kB encode to learn it
+            total += len(value) if value.isascii() else len(value.encode())
         else:
             try:
                 total += len(orjson.dumps(value))
