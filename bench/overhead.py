@@ -95,7 +95,6 @@ ANSWER = (
     b' "usage": {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}}'
 )
 LOADS = make_loads(0)  # --context-chars replaces them
-PLAIN = LOADS["plain"][0]
 
 
 def serve_worker(port: int) -> None:
@@ -361,7 +360,7 @@ async def gaps(requests: int, pauses_ms: list[float]) -> None:
                     for router, url in urls.items():
                         before = sum(_tree_cpu(pids[router]))
                         for _ in range(requests):
-                            async with session.post(url, data=PLAIN, headers=_JSON) as resp:
+                            async with session.post(url, data=LOADS["plain"][0], headers=_JSON) as resp:
                                 await resp.read()
                             time.sleep(pause / 1e3)  # blocking: nothing of the client runs meanwhile
                         cells.append(
@@ -651,9 +650,8 @@ def main() -> int:
         return 0
     import uvloop
 
-    global LOADS, PLAIN
+    global LOADS
     LOADS = make_loads(args.context_chars)
-    PLAIN = LOADS["plain"][0]
     if args.gaps is not None:
         uvloop.run(gaps(args.requests, [float(g) for g in args.gaps.split(",")]))
     elif args.paired is not None:
